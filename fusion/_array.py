@@ -1,0 +1,109 @@
+"""Backend plumbing: which array namespace an input lives in, and the one kernel that differs by backend.
+
+Everything else in :mod:`fusion` is written once against the Python array API standard; this module is
+the only place that knows numpy from torch.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import array_api_compat
+import array_api_compat.numpy as _compat_numpy
+import numpy as _numpy
+
+Array = Any
+"""An array-API array: :class:`numpy.ndarray`, :class:`torch.Tensor`, anything array-api-compat knows."""
+
+# Above this many pairwise elements (batch x V x V x K) numpy's broadcast, which runs its innermost loop over
+# the short class axis, loses to a class-major loop over view pairs with long contiguous rows (measured,
+# V=6, K=10 float32: B=65536 67 ms vs 18 ms; B=128 112 us vs 79 us; B=64 54 us vs 74 us).
+_NUMPY_BROADCAST_LIMIT = 1 << 15
+_NUMPY_IS_ARRAY_API = hasattr(_numpy, "astype") and hasattr(_numpy, "isdtype")  # numpy >= 2.1
+
+
+def namespace(*arrays: Array, xp: Any = None) -> Any:
+    """The array namespace of ``arrays``, or ``xp`` when given.
+
+    numpy >= 2.1 implements the array API in its own namespace: it is used as is, since array-api-compat's
+    pure-Python wrappers cost more than the arithmetic on small batches. Other libraries (torch) get
+    array-api-compat's wrapper.
+    """
+    if xp is not None:
+        return xp
+    xp = array_api_compat.array_namespace(*arrays)
+    if xp is _compat_numpy and _NUMPY_IS_ARRAY_API:
+        return _numpy
+    return xp
+
+
+def as_floating(x: Array, xp: Any) -> Array:
+    """``x`` unchanged if it is real floating, else cast to the namespace's default float."""
+    if xp.isdtype(x.dtype, "real floating"):
+        return x
+    return xp.astype(x, xp.float64 if xp is _numpy or array_api_compat.is_numpy_namespace(xp) else xp.float32)
+
+
+def sum_last(x: Array, xp: Any) -> Array:
+    """Sum over the last axis, ``(..., K) -> (...)``.
+
+    numpy's reduction over a short trailing axis runs ~8x slower than the same sum as a BLAS matrix-vector
+    product (B=65536, V=6, K=10 float32: 10 ms vs 1.2 ms); other backends use their own ``sum``.
+    """
+    if xp is _numpy:
+        k = x.shape[-1]
+        if x.ndim >= 2 and x.size:
+            return (_numpy.reshape(x, (-1, k)) @ _numpy.ones(k, dtype=x.dtype)).reshape(x.shape[:-1])
+    return xp.sum(x, axis=-1)
+
+
+def pairwise_l1(x: Array, xp: Any) -> Array:
+    """Pairwise L1 distances between the rows of ``x``: ``(..., V, K) -> (..., V, V)``.
+
+    Uses the backend's native kernel where it has one (``torch.cdist``, differentiable); numpy has none, so it
+    gets the faster of two vectorised forms for the size at hand; any other namespace gets the broadcast.
+    """
+    if array_api_compat.is_torch_namespace(xp):
+        import torch  # only reached when the input already is a torch tensor
+
+        return torch.cdist(x, x, p=1.0)
+    if xp is _numpy or array_api_compat.is_numpy_namespace(xp):
+        x = _numpy.asarray(x)
+        v = x.shape[-2]
+        if x.size * v > _NUMPY_BROADCAST_LIMIT and v > 1:
+            return _numpy_pairwise_l1_class_major(x)
+        # Only the upper triangle: the matrix is symmetric with a zero diagonal (15 of 36 pairs for V = 6).
+        upper, lower = _upper_triangle(v)
+        diff = x[..., upper, :] - x[..., lower, :]
+        _numpy.abs(diff, out=diff)
+        distance = sum_last(diff, _numpy)
+        out = _numpy.zeros((*x.shape[:-1], v), dtype=x.dtype)
+        out[..., upper, lower] = distance
+        out[..., lower, upper] = distance
+        return out
+    return xp.sum(xp.abs(x[..., :, None, :] - x[..., None, :, :]), axis=-1)
+
+
+@functools.cache
+def _upper_triangle(v: int) -> tuple[Any, Any]:
+    return _numpy.triu_indices(v, 1)
+
+
+def _numpy_pairwise_l1_class_major(x: Any) -> Any:
+    np = _numpy
+    v, k = x.shape[-2], x.shape[-1]
+    rows = x.reshape(-1, v, k)
+    # (V, K, N): every view's class row is then a long contiguous vector.
+    rows = np.ascontiguousarray(np.moveaxis(rows, 0, -1))
+    out = np.zeros((rows.shape[-1], v, v), dtype=x.dtype)  # written in the caller's layout: stays contiguous
+    diff = np.empty(rows.shape[1:], dtype=x.dtype)
+    distance = np.empty(rows.shape[-1], dtype=x.dtype)  # reducing straight into a strided slice is 2x slower
+    for i in range(v):
+        for j in range(i + 1, v):  # the matrix is symmetric with a zero diagonal
+            np.subtract(rows[i], rows[j], out=diff)
+            np.abs(diff, out=diff)
+            np.add.reduce(diff, axis=0, out=distance)
+            out[:, i, j] = distance
+            out[:, j, i] = distance
+    return out.reshape((*x.shape[:-1], v))

@@ -1,0 +1,96 @@
+"""Extreme inputs: evidence up to 1e13 in float32, dogmatic views, total conflict, large batches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fusion import METHODS, Opinion, fuse, opinion_from_evidence
+from fusion._array import pairwise_l1
+
+BACKENDS = [pytest.param(np.asarray, id="numpy"), pytest.param(torch.as_tensor, id="torch")]
+
+
+def to_numpy(x):
+    return x.detach().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("lam", [0.5, 1.0, 3.0])
+def test_capped_exponential_range_stays_finite_and_additive(backend, dtype, method, lam):
+    """Evidence from 0 to the capped exponential's 1e13, agreeing and conflicting, every view mix."""
+    rng = np.random.default_rng(0)
+    magnitude = 10.0 ** rng.integers(-3, 14, size=(512, 4, 10))
+    evidence = np.where(rng.random((512, 4, 10)) < 0.3, 0.0, magnitude * rng.random((512, 4, 10)))
+    evidence[:8] = 0.0
+    evidence[8:16] = 1e13
+    evidence[16:24, :, 1:] = 0.0  # confident agreement
+    evidence[24:32] = np.eye(4, 10) * 1e13  # confident total disagreement
+    out = fuse(opinion_from_evidence(backend(evidence.astype(dtype))), method, lam=lam)
+    belief, uncertainty = to_numpy(out.belief), to_numpy(out.uncertainty)
+    for x in (belief, uncertainty, to_numpy(out.conflict), to_numpy(out.discount), to_numpy(out.probability)):
+        assert np.isfinite(x).all()
+    tolerance = 1e-3 if dtype == "float32" else 1e-9
+    np.testing.assert_allclose(belief.sum(-1) + uncertainty, 1.0, atol=tolerance)
+    assert (belief >= 0).all() and (uncertainty >= 0).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("method", ["cbf", "gbaf", "baf", "dbf"])
+def test_dogmatic_views_are_averaged(backend, method):
+    """Josang's limit: with some u = 0, the dogmatic opinions are averaged and u = 0 (DBF discounts first)."""
+    views = Opinion(
+        backend(np.array([[0.6, 0.4, 0.0], [0.2, 0.2, 0.2], [0.8, 0.2, 0.0]])),
+        backend(np.array([0.0, 0.4, 0.0])),
+    )
+    out = fuse(views, method)
+    if method == "dbf":  # the two dogmatic views conflict (PD = 0.2): both are discounted
+        assert 0 < float(out.uncertainty) < 1
+    else:
+        # The non-dogmatic middle view carries no weight; (0.6 + 0.8) / 2 = 0.7. BAF's fold gets there too:
+        # view 1 absorbs view 2, then averages with view 3.
+        np.testing.assert_allclose(to_numpy(out.belief), [0.7, 0.3, 0.0], atol=1e-12)
+        assert float(out.uncertainty) == 0.0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bcf_total_conflict_is_vacuous(backend):
+    """Dempster's rule is undefined at 1 - C = 0; we return the vacuous opinion, never NaN."""
+    views = Opinion(backend(np.array([[1.0, 0.0], [0.0, 1.0]])), backend(np.array([0.0, 0.0])))
+    out = fuse(views, "bcf")
+    np.testing.assert_array_equal(to_numpy(out.belief), [0.0, 0.0])
+    assert float(out.uncertainty) == 1.0
+    # The fold goes on from the vacuous opinion: a third view then decides alone.
+    third = Opinion(
+        backend(np.array([[1.0, 0.0], [0.0, 1.0], [0.5, 0.0]])), backend(np.array([0.0, 0.0, 0.5]))
+    )
+    np.testing.assert_allclose(to_numpy(fuse(third, "bcf").belief), [0.5, 0.0])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_numpy_large_batch_kernel_matches_broadcast(dtype):
+    """Past a size threshold numpy switches to a class-major pair loop; both give the same distances."""
+    rng = np.random.default_rng(1)
+    x = rng.random((6000, 6, 10)).astype(dtype)
+    expected = np.abs(x[..., :, None, :] - x[..., None, :, :]).sum(-1)
+    np.testing.assert_allclose(pairwise_l1(x, np), expected, rtol=1e-5 if dtype == np.float32 else 1e-12)
+    extra_batch = x.reshape(2, 3000, 6, 10)
+    np.testing.assert_allclose(pairwise_l1(extra_batch, np), expected.reshape(2, 3000, 6, 6), rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_any_leading_batch_shape(backend):
+    evidence = np.random.default_rng(2).random((2, 3, 4, 5)) * 10
+    out = fuse(opinion_from_evidence(backend(evidence)), "dbf", mask=backend(np.ones((2, 3, 4), dtype=bool)))
+    assert tuple(out.belief.shape) == (2, 3, 5) and tuple(out.uncertainty.shape) == (2, 3)
+    assert tuple(out.conflict.shape) == (2, 3, 4, 4) and tuple(out.discount.shape) == (2, 3, 4)
+    flat = fuse(opinion_from_evidence(backend(evidence.reshape(6, 4, 5))), "dbf")
+    np.testing.assert_allclose(to_numpy(out.belief).reshape(6, 5), to_numpy(flat.belief), rtol=1e-12)
+
+
+def test_integer_evidence_is_promoted():
+    out = fuse(opinion_from_evidence(np.array([[3, 0], [5, 0]])), "gbaf")
+    assert out.belief.dtype == np.float64

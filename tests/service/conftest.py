@@ -1,0 +1,53 @@
+"""Start the real service with uvicorn on a loopback port and talk HTTP to it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def running_service(*args: str, env: dict[str, str] | None = None, timeout: float = 60.0) -> Iterator[str]:
+    """Run ``python -m service`` on a free loopback port until the block ends; yields its base URL."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port), *args],
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"service exited with {proc.returncode}:\n{proc.stdout.read()}")
+            try:
+                httpx.get(f"{url}/health", timeout=1.0)
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"service did not answer on {url} within {timeout} s") from None
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
