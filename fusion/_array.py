@@ -20,7 +20,7 @@ Array = Any
 # the short class axis, loses to a class-major loop over view pairs with long contiguous rows (measured,
 # V=6, K=10 float32: B=65536 67 ms vs 18 ms; B=128 112 us vs 79 us; B=64 54 us vs 74 us).
 _NUMPY_BROADCAST_LIMIT = 1 << 15
-_NUMPY_IS_ARRAY_API = hasattr(_numpy, "astype") and hasattr(_numpy, "isdtype")  # numpy >= 2.1
+_NUMPY_IS_ARRAY_API = _numpy.lib.NumpyVersion(_numpy.__version__) >= "2.1.0"
 
 
 def namespace(*arrays: Array, xp: Any = None) -> Any:
@@ -61,13 +61,16 @@ def sum_last(x: Array, xp: Any) -> Array:
 def pairwise_l1(x: Array, xp: Any) -> Array:
     """Pairwise L1 distances between the rows of ``x``: ``(..., V, K) -> (..., V, V)``.
 
-    Uses the backend's native kernel where it has one (``torch.cdist``, differentiable); numpy has none, so it
-    gets the faster of two vectorised forms for the size at hand; any other namespace gets the broadcast.
+    Uses the backend's native kernel where it has one: ``torch.cdist`` for float32/float64 (a training step at
+    batch 200 takes 7.4 ms with it, 10.9 ms with the broadcast; it has first-order gradients only, so no
+    double backward or forward-mode AD through the conflict matrix). numpy has none, so it gets the faster
+    of two vectorised forms for the size at hand; everything else gets the broadcast.
     """
     if array_api_compat.is_torch_namespace(xp):
         import torch  # only reached when the input already is a torch tensor
 
-        return torch.cdist(x, x, p=1.0)
+        if x.dtype in (torch.float32, torch.float64):
+            return torch.cdist(x, x, p=1.0)
     if xp is _numpy or array_api_compat.is_numpy_namespace(xp):
         x = _numpy.asarray(x)
         v = x.shape[-2]

@@ -1,30 +1,30 @@
 """Conflict between opinions and the discount factors DBF derives from it.
 
-Equation numbers refer to Bezirganyan et al., AISTATS 2025: (8) degree of conflict, (9) conflict matrix and
-discount factor, (10) agreement with lambda. Missing views enter as vacuous opinions: zero conflict with
+Equation numbers refer to Bezirganyan et al., AISTATS 2025: (12) degree of conflict, (13) conflict matrix and
+discount factor, (14) agreement with lambda. Missing views enter as vacuous opinions: zero conflict with
 every view (their rows and columns are 0) and discount 1.
 """
 
 from __future__ import annotations
 
 from fusion._array import Array, namespace, pairwise_l1
-from fusion.opinion import Opinion, projected_probability, vacuous_where_missing
+from fusion.opinion import Opinion, checked_mask, projected_probability, vacuous_where_missing
 
 
 def projected_distance(a: Opinion, b: Opinion, /, *, xp=None) -> Array:
-    """``PD = sum_k |P^a_k - P^b_k| / 2`` in [0, 1] (Eq. 8); broadcasts over leading axes, shape (...)."""
+    """``PD = sum_k |P^a_k - P^b_k| / 2`` in [0, 1] (Eq. 12); broadcasts over leading axes, shape (...)."""
     pa, pb = projected_probability(a), projected_probability(b)
     xp = namespace(pa, pb, xp=xp)
     return xp.sum(xp.abs(pa - pb), axis=-1) / 2
 
 
 def conjunctive_certainty(a: Opinion, b: Opinion, /) -> Array:
-    """``CC = (1 - u^a)(1 - u^b)`` in [0, 1] (Eq. 8), shape (...)."""
+    """``CC = (1 - u^a)(1 - u^b)`` in [0, 1] (Eq. 12), shape (...)."""
     return (1 - a.uncertainty) * (1 - b.uncertainty)
 
 
 def degree_of_conflict(a: Opinion, b: Opinion, /, *, xp=None) -> Array:
-    """``DC = PD x CC`` between two (batches of) opinions (Eq. 8).
+    """``DC = PD x CC`` between two (batches of) opinions (Eq. 12).
 
     High only when both opinions are confident and their projected probabilities differ.
 
@@ -42,7 +42,7 @@ def degree_of_conflict(a: Opinion, b: Opinion, /, *, xp=None) -> Array:
 
 
 def conflict_matrix(opinion: Opinion, /, *, mask: Array | None = None, xp=None) -> Array:
-    """Degree of conflict between every pair of views, ``C_ij = DC(w^i, w^j)`` (Eq. 9).
+    """Degree of conflict between every pair of views, ``C_ij = DC(w^i, w^j)`` (Eq. 13).
 
     Parameters
     ----------
@@ -63,12 +63,12 @@ def conflict_matrix(opinion: Opinion, /, *, mask: Array | None = None, xp=None) 
     >>> conflict_matrix(views).round(4).tolist()
     [[0.0, 0.729, 0.0], [0.729, 0.0, 0.729], [0.0, 0.729, 0.0]]
     """
-    opinion = vacuous_where_missing(opinion, mask, xp=xp)
+    opinion = vacuous_where_missing(opinion, checked_mask(mask, opinion.uncertainty, xp=xp), xp=xp)
     p = projected_probability(opinion)
     xp = namespace(p, xp=xp)
     certainty = 1 - opinion.uncertainty
     # CC for every pair as an outer product (a matmul: no slow broadcast over the short V axis), with PD's
-    # 1/2 folded in: C_ij = (sum_k |p^i_k - p^j_k|) x (1 - u^i)(1 - u^j) / 2   (Eq. 8)
+    # 1/2 folded in: C_ij = (sum_k |p^i_k - p^j_k|) x (1 - u^i)(1 - u^j) / 2   (Eq. 12)
     half_certainty = certainty[..., :, None] @ (certainty / 2)[..., None, :]
     conflict = pairwise_l1(p, xp) * half_certainty
     # Projected probabilities sum to 1 only up to rounding: keep C in [0, 1] so that C^lambda stays real.
@@ -76,7 +76,7 @@ def conflict_matrix(opinion: Opinion, /, *, mask: Array | None = None, xp=None) 
 
 
 def agreement(conflict: Array, /, *, lam: float = 1.0, xp=None) -> Array:
-    """Agreement ``A = (1 - C^lambda)^(1/lambda)`` (Eq. 10); ``lambda = 1`` gives Eq. 9's ``A = 1 - C``.
+    """Agreement ``A = (1 - C^lambda)^(1/lambda)`` (Eq. 14); ``lambda = 1`` gives Eq. 13's ``A = 1 - C``.
 
     Larger ``lambda`` forgives small conflicts (agreement grows with lambda for every C in [0, 1]).
     The gradient is finite everywhere: at ``C = 0`` (where ``C^lambda`` has an infinite slope for
@@ -88,8 +88,7 @@ def agreement(conflict: Array, /, *, lam: float = 1.0, xp=None) -> Array:
     >>> agreement(np.array([0.0, 0.5, 0.99]), lam=3.0).round(4).tolist()
     [1.0, 0.9565, 0.3097]
     """
-    if lam <= 0:
-        raise ValueError(f"lambda must be positive, got {lam}")
+    lam = checked_lambda(lam)
     xp = namespace(conflict, xp=xp)
     if lam == 1.0:
         return 1 - conflict
@@ -101,8 +100,16 @@ def agreement(conflict: Array, /, *, lam: float = 1.0, xp=None) -> Array:
     return xp.where(alive, xp.where(alive, rest, one) ** (1 / lam), 0 * rest)
 
 
+def checked_lambda(lam: float) -> float:
+    """``lam`` as a Python float (a numpy scalar would change the result's dtype); must be in (0, inf)."""
+    lam = float(lam)
+    if not 0 < lam < float("inf"):
+        raise ValueError(f"lambda must be a positive finite number, got {lam!r}")
+    return lam
+
+
 def discount_factors(conflict: Array, /, *, lam: float = 1.0, xp=None) -> Array:
-    """DBF's reliability per view, ``eta^v = prod_i A_vi`` (Eq. 9 with Eq. 10's agreement).
+    """DBF's reliability per view, ``eta^v = prod_i A_vi`` (Eq. 13 with Eq. 14's agreement).
 
     Parameters
     ----------

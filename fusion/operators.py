@@ -2,8 +2,8 @@
 
 Every operator takes an :class:`~fusion.Opinion` with belief ``(..., V, K)`` and uncertainty ``(..., V)``
 and returns the fused opinion, belief ``(..., K)`` and uncertainty ``(...)``. Equation numbers refer to
-Bezirganyan et al., AISTATS 2025: (3) pairwise belief averaging, (5) generalised belief averaging,
-(7) discounting, (9)-(10) the discount factors, Algorithm 1 DBF; BCF and CBF follow Josang,
+Bezirganyan et al., AISTATS 2025: (3) pairwise belief averaging, (6) generalised belief averaging,
+(11) discounting, (13)-(14) the discount factors, Algorithm 1 DBF; BCF and CBF follow Josang,
 *Subjective Logic* (2016), 12.3-12.4.
 
 Conventions shared by all operators:
@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import Literal
 
 from fusion._array import Array, namespace, sum_last
-from fusion.conflict import conflict_matrix, discount_factors
-from fusion.opinion import FusedOpinion, Opinion, discount, vacuous_where_missing
+from fusion.conflict import checked_lambda, conflict_matrix, discount_factors
+from fusion.opinion import FusedOpinion, Opinion, checked_mask, discount, vacuous_where_missing
 
 Method = Literal["bcf", "cbf", "baf", "gbaf", "dbf"]
 METHODS: tuple[str, ...] = ("bcf", "cbf", "baf", "gbaf", "dbf")
@@ -41,7 +41,8 @@ def fuse(
         Belief constraint (Dempster, TMC), cumulative, pairwise belief averaging (ECML), generalised belief
         averaging, or discounted belief fusion.
     lam : float
-        DBF's strictness lambda > 0 (Eq. 10); larger forgives small conflicts. Ignored by other methods.
+        DBF's strictness lambda > 0 (Eq. 14); larger forgives small conflicts. Checked, but unused, by the
+        other methods.
     mask : bool array, shape (..., V), optional
         True where the view is present (see the module notes).
     xp : namespace, optional
@@ -76,7 +77,7 @@ def fuse(
     """
     if method not in _OPERATORS:
         raise ValueError(f"unknown fusion method {method!r}; expected one of {', '.join(METHODS)}")
-    _check_lambda(lam)
+    lam = checked_lambda(lam)
     xp, mask = _check(opinion, mask, xp)
     opinion = vacuous_where_missing(opinion, mask, xp=xp)
     conflict = conflict_matrix(opinion, xp=xp)
@@ -124,7 +125,7 @@ def baf(opinion: Opinion, /, *, mask: Array | None = None, xp=None) -> Opinion:
 
 
 def gbaf(opinion: Opinion, /, *, mask: Array | None = None, xp=None) -> Opinion:
-    """Generalised belief averaging fusion (Eq. 5): all views at once, evidence ``e = mean_v e^v``.
+    """Generalised belief averaging fusion (Eq. 6): all views at once, evidence ``e = mean_v e^v``.
 
     The fused uncertainty is the harmonic mean of the views' (Proposition 2).
     """
@@ -145,7 +146,7 @@ def dbf(opinion: Opinion, /, *, lam: float = 1.0, mask: Array | None = None, xp=
 
 
 def _averaging_weights(u: Array, mask: Array | None, xp) -> tuple[Array, Array]:
-    """Eq. 5's weights ``prod_{i!=v} u^i``, rescaled to ``w_v = u_min / u_v`` in [0, 1].
+    """Eq. 6's weights ``prod_{i!=v} u^i``, rescaled to ``w_v = u_min / u_v`` in [0, 1].
 
     The factor ``u_min / prod_i u^i`` cancels in every averaging and cumulative formula; it keeps the weights
     of order one (the raw products underflow for several confident views) and gives Josang's dogmatic limit
@@ -161,7 +162,7 @@ def _averaging_weights(u: Array, mask: Array | None, xp) -> tuple[Array, Array]:
 
 
 def _average(opinion: Opinion, mask: Array | None, xp) -> Opinion:
-    # Eq. 5 with w_v = u_min / u_v: b = sum_v w_v b^v / sum_v w_v,  u = n u_min / sum_v w_v  (n views present)
+    # Eq. 6 with w_v = u_min / u_v: b = sum_v w_v b^v / sum_v w_v,  u = n u_min / sum_v w_v  (n views present)
     b, u = opinion.belief, opinion.uncertainty
     w, u_min = _averaging_weights(u, mask, xp)
     total = sum_last(w, xp)  # >= 1 where any view is present: the least uncertain one has w = 1
@@ -209,7 +210,7 @@ def _dempster_pair(b1: Array, u1: Array, b2: Array, u2: Array, xp) -> tuple[Arra
 
 def _averaging_pair(b1: Array, u1: Array, b2: Array, u2: Array, xp) -> tuple[Array, Array]:
     pair = Opinion(belief=xp.stack((b1, b2), axis=-2), uncertainty=xp.stack((u1, u2), axis=-1))
-    fused = _average(pair, None, xp)  # Eq. 3 is Eq. 5 with V = 2
+    fused = _average(pair, None, xp)  # Eq. 3 is Eq. 6 with V = 2
     return fused.belief, fused.uncertainty
 
 
@@ -245,24 +246,13 @@ def _baf(opinion: Opinion, mask: Array | None, xp) -> Opinion:
 _OPERATORS = {"bcf": _bcf, "cbf": _cbf, "baf": _baf, "gbaf": _average, "dbf": None}
 
 
-def _check_lambda(lam: float) -> None:
-    if not lam > 0 or lam == float("inf"):
-        raise ValueError(f"lambda must be a positive finite number, got {lam!r}")
-
-
 def _check(opinion: Opinion, mask: Array | None, xp):
     b, u = opinion.belief, opinion.uncertainty
     xp = namespace(b, u, xp=xp)
-    if b.ndim < 2:
-        raise ValueError(f"belief must have shape (..., V, K), got {tuple(b.shape)}")
+    if b.ndim < 2 or b.shape[-2] == 0:
+        raise ValueError(f"belief must have shape (..., V, K) with V >= 1 views, got {tuple(b.shape)}")
     if tuple(u.shape) != tuple(b.shape[:-1]):
         raise ValueError(
             f"uncertainty must have shape {tuple(b.shape[:-1])} (belief's without K), got {tuple(u.shape)}"
         )
-    if mask is not None:
-        mask = xp.asarray(mask, device=getattr(u, "device", None)) if not hasattr(mask, "dtype") else mask
-        if mask.dtype != xp.bool:
-            raise TypeError(f"mask must be boolean, got {mask.dtype}")
-        if tuple(mask.shape) != tuple(u.shape):
-            mask = xp.broadcast_to(mask, u.shape)
-    return xp, mask
+    return xp, checked_mask(mask, u, xp=xp)

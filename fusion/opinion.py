@@ -1,12 +1,14 @@
 """Subjective-logic opinions over K classes with a uniform base rate, and their Dirichlet evidence.
 
 Equation numbers refer to Bezirganyan et al., "Discounted Belief Fusion", AISTATS 2025 (``shared/paper``):
-(2) is the opinion <-> Dirichlet mapping, (7) Shafer's discounting.
+(2) is the opinion <-> Dirichlet mapping, (11) Shafer's discounting.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from fusion._array import Array, as_floating, namespace, sum_last
 
@@ -129,7 +131,7 @@ def projected_probability(opinion: Opinion, /, *, xp=None) -> Array:
 
 
 def discount(opinion: Opinion, eta: Array, /) -> Opinion:
-    """Shafer's discounting by reliability ``eta``: ``b' = eta b``, ``u' = 1 - eta + eta u`` (Eq. 7).
+    """Shafer's discounting by reliability ``eta``: ``b' = eta b``, ``u' = 1 - eta + eta u`` (Eq. 11).
 
     Parameters
     ----------
@@ -149,6 +151,26 @@ def discount(opinion: Opinion, eta: Array, /) -> Opinion:
         belief=eta[..., None] * opinion.belief,
         uncertainty=(1 - eta) + eta * opinion.uncertainty,
     )
+
+
+def checked_mask(mask: Array | None, uncertainty: Array, /, *, xp=None) -> Array | None:
+    """``mask`` as a boolean array of the opinion's namespace, device and shape ``(..., V)`` (broadcast).
+
+    Raises TypeError for a non-boolean mask and ValueError for one that does not broadcast to ``(..., V)``.
+    """
+    if mask is None:
+        return None
+    xp = namespace(uncertainty, xp=xp)
+    if not hasattr(mask, "dtype") or namespace(mask) is not xp:  # a list, or another library's (CPU) array
+        mask = xp.asarray(np.asarray(mask), device=getattr(uncertainty, "device", None))
+    if mask.dtype != xp.bool:
+        raise TypeError(f"mask must be boolean (True where the view is present), got {mask.dtype}")
+    try:
+        return xp.broadcast_to(mask, uncertainty.shape)
+    except (ValueError, RuntimeError) as error:
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} does not fit views {tuple(uncertainty.shape)}"
+        ) from error
 
 
 def vacuous_where_missing(opinion: Opinion, mask: Array | None, /, *, xp=None) -> Opinion:

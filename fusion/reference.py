@@ -1,6 +1,6 @@
 """Literal transcriptions of the paper's formulas, loops and all: the oracle and the yardstick.
 
-Written the way the paper writes them (Algorithm 1 over every view pair, Eq. 5 with its explicit products),
+Written the way the paper writes them (Algorithm 1 over every view pair, Eq. 6 with its explicit products),
 batched over samples with numpy and nothing clever. The operators in :mod:`fusion` are tested against these
 and benchmarked against :func:`dbf_from_evidence` (``benchmarks/fusion.py``). Not for production: the raw
 products are undefined for more than one dogmatic view and underflow for many confident ones.
@@ -34,7 +34,7 @@ def conflict_matrix(belief: np.ndarray, uncertainty: np.ndarray) -> np.ndarray:
 
 
 def gbaf(belief: np.ndarray, uncertainty: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Eq. 5 with its products: ``b = sum_v b^v prod_{i!=v} u^i / sum_v prod_{i!=v} u^i``, likewise ``u``."""
+    """Eq. 6 with its products: ``b = sum_v b^v prod_{i!=v} u^i / sum_v prod_{i!=v} u^i``, likewise ``u``."""
     n, v, k = belief.shape
     numerator = np.zeros((n, k), dtype=belief.dtype)
     denominator = np.zeros(n, dtype=belief.dtype)

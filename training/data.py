@@ -390,9 +390,8 @@ def load(name: str | DatasetSpec, data_dir: str | os.PathLike[str]) -> MultiView
 
     Examples
     --------
-    >>> data = load("handwritten", "data")  # doctest: +SKIP
-    >>> data.view_dims, data.num_classes  # doctest: +SKIP
-    ((240, 76, 216, 47, 64, 6), 10)
+    With the data in ``./data`` (``python -m training download``), ``load("handwritten", "data")`` has
+    ``view_dims == (240, 76, 216, 47, 64, 6)`` and ``num_classes == 10``.
     """
     spec = dataset_spec(name)
     if spec.file_name is None or spec.label_key is None:

@@ -57,6 +57,20 @@ def test_dogmatic_views_are_averaged(backend, method):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_dbf_averages_agreeing_dogmatic_views(backend):
+    """Dogmatic views that agree (PD = 0), beside a vacuous one (CC = 0), are not discounted: DBF gives their
+    average with u = 0, as GBAF does. (A confident middle view would conflict with them and be discounted.)"""
+    views = Opinion(
+        backend(np.array([[0.6, 0.4, 0.0], [0.0, 0.0, 0.0], [0.6, 0.4, 0.0]])),
+        backend(np.array([0.0, 1.0, 0.0])),
+    )
+    out = fuse(views, "dbf")
+    np.testing.assert_allclose(to_numpy(out.belief), [0.6, 0.4, 0.0], atol=1e-12)
+    assert float(out.uncertainty) == 0.0
+    np.testing.assert_array_equal(to_numpy(out.discount), 1.0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_bcf_total_conflict_is_vacuous(backend):
     """Dempster's rule is undefined at 1 - C = 0; we return the vacuous opinion, never NaN."""
     views = Opinion(backend(np.array([[1.0, 0.0], [0.0, 1.0]])), backend(np.array([0.0, 0.0])))

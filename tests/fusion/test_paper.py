@@ -68,8 +68,8 @@ def test_proposition1_baf_depends_on_order(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_eq6_gbaf_averages_evidence(backend):
-    """Eq. 6: in evidence terms GBAF is the plain mean, whatever the order (6 for 3, 5, 10)."""
+def test_eq7_gbaf_averages_evidence(backend):
+    """Eq. 7: in evidence terms GBAF is the plain mean, whatever the order (6 for 3, 5, 10)."""
     evidence = np.array([[3.0, 0.0], [5.0, 0.0], [10.0, 0.0]])
     for order in ([0, 1, 2], [2, 1, 0], [1, 2, 0]):
         out = fuse(opinion_from_evidence(backend(evidence[order])), "gbaf")

@@ -1,0 +1,78 @@
+"""Experiment protocols and the command that runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from training.data import load, synthetic
+from training.experiment import RunSpec, make_splits, run, summary_table
+
+
+@pytest.mark.parametrize("protocol", ["heldout", "paper"])
+def test_splits_shapes_and_disjointness(protocol):
+    data = synthetic(300, num_classes=3, seed=0)
+    splits = make_splits(data, protocol=protocol, seed=0)
+    assert len(splits.train) == len(splits.clean) == len(splits.conflictive) == 3
+    assert len(splits.train_labels) + len(splits.clean_labels) <= 300
+    if protocol == "paper":
+        assert len(splits.train_labels) == 240 and len(splits.clean_labels) == 60
+        assert len(splits.conflictive_labels) == 60
+    else:  # conflictive copies of exactly the clean test samples
+        np.testing.assert_array_equal(splits.conflictive_labels, splits.clean_labels)
+        changed = np.stack(
+            [np.any(a != b, axis=1) for a, b in zip(splits.clean, splits.conflictive, strict=True)]
+        )
+        assert (changed.sum(0) == 1).all()
+
+
+@pytest.mark.data
+def test_heldout_scaling_is_fitted_on_the_training_split(data_dir):
+    data = load("handwritten", data_dir)
+    splits = make_splits(data, protocol="heldout", seed=0)
+    for view in splits.train:
+        assert view.min() >= 0 and view.max() <= 1
+    assert any(view.max() > 1 or view.min() < 0 for view in splits.clean)  # unseen extremes stay unclipped
+
+
+def test_run_reports_the_metrics():
+    result = run(RunSpec(dataset="synthetic", method="gbaf", epochs=5))
+    for key in ("acc_normal", "acc_conflict", "auc", "ece", "brier", "nll", "seconds", "lambda"):
+        assert key in result
+    assert 0 <= result["acc_normal"] <= 1 and 0 <= result["auc"] <= 1
+
+
+def test_summary_table_layout():
+    results = [
+        {"dataset": "pie", "method": "dbf", "auc": 0.7},
+        {"dataset": "pie", "method": "dbf", "auc": 0.9},
+        {"dataset": "cub", "method": "gbaf", "auc": 0.5},
+    ]
+    table = summary_table(results, metric="auc").splitlines()
+    assert table[0] == "| | pie | cub |"
+    assert table[2] == "| DBF | 0.80 ± 0.10 |  |"
+    assert table[3] == "| GBAF |  | 0.50 ± 0.00 |"
+
+
+@pytest.mark.data
+def test_experiment_command_writes_results(data_dir, tmp_path):
+    command = [
+        sys.executable, "-m", "training", "experiment", "--dataset", "cub", "--methods", "dbf,gbaf",
+        "--seeds", "0", "--epochs", "3", "--data-dir", str(data_dir), "--out", str(tmp_path),
+        "--workers", "1",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    results = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert [(r["dataset"], r["method"], r["seed"]) for r in results] == [
+        ("cub", "dbf", 0),
+        ("cub", "gbaf", 0),
+    ]
+    for r in results:
+        assert {"dataset", "method", "seed", "acc_normal", "acc_conflict", "auc", "seconds"} <= r.keys()
+        assert 0 <= r["acc_normal"] <= 1
+    assert "| DBF |" in (tmp_path / "results.md").read_text()

@@ -1,0 +1,93 @@
+"""Per-view evidential heads: a small network per view whose non-negative output is Dirichlet evidence.
+
+Paper section 3.4 and appendix B. The paper describes 2-layer fully connected heads with ReLU; the authors'
+public code uses one linear layer per view. ``hidden`` chooses: ``()`` is the single linear layer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+from torch import nn
+
+Activation = Literal["exp", "softplus"]
+
+EVIDENCE_CAP = 1e13
+_LOG_CAP = math.log(EVIDENCE_CAP)
+
+
+def capped_exp(x: torch.Tensor) -> torch.Tensor:
+    """The paper's capped exponential ``f(x) = C / (1 + C e^-x)``, ``C = 1e13`` (appendix B).
+
+    Behaves like ``e^x`` for small inputs and flattens at ``C``. Computed in log space as
+    ``exp(log C - softplus(log C - x))``, which never overflows (``softplus(z) >= max(z, 0)``, so the exponent
+    is at most ``min(log C, x)``).
+
+    >>> [f"{value:.4g}" for value in capped_exp(torch.tensor([-30.0, 0.0, 1.0, 1e4])).tolist()]
+    ['9.358e-14', '1', '2.718', '1e+13']
+    """
+    return torch.exp(_LOG_CAP - nn.functional.softplus(_LOG_CAP - x))
+
+
+class ViewHead(nn.Module):
+    """One view's evidential classifier: ``(N, dim)`` features to ``(N, K)`` evidence >= 0.
+
+    Parameters
+    ----------
+    in_features : int
+        The view's feature dimension.
+    num_classes : int
+    hidden : sequence of int
+        Hidden layer widths, each followed by ReLU; ``()`` is a single linear layer.
+    activation : {"exp", "softplus"}
+        The evidence activation: the capped exponential (DBF's choice) or softplus (the baselines').
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        num_classes: int,
+        *,
+        hidden: Sequence[int] = (),
+        activation: Activation = "exp",
+    ) -> None:
+        super().__init__()
+        if activation not in ("exp", "softplus"):
+            raise ValueError(f"unknown activation {activation!r}; expected 'exp' or 'softplus'")
+        layers: list[nn.Module] = []
+        width = in_features
+        for size in hidden:
+            layers += [nn.Linear(width, size), nn.ReLU()]
+            width = size
+        layers.append(nn.Linear(width, num_classes))
+        self.net = nn.Sequential(*layers)
+        self.activation = activation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.net(x)
+        return capped_exp(logits) if self.activation == "exp" else nn.functional.softplus(logits)
+
+
+class EvidentialHeads(nn.Module):
+    """One :class:`ViewHead` per view; maps the V views of a batch to evidence ``(N, V, K)``."""
+
+    def __init__(
+        self,
+        view_dims: Sequence[int],
+        num_classes: int,
+        *,
+        hidden: Sequence[int] = (),
+        activation: Activation = "exp",
+    ) -> None:
+        super().__init__()
+        self.heads = nn.ModuleList(
+            ViewHead(dim, num_classes, hidden=hidden, activation=activation) for dim in view_dims
+        )
+
+    def forward(self, views: Sequence[torch.Tensor]) -> torch.Tensor:
+        if len(views) != len(self.heads):
+            raise ValueError(f"expected {len(self.heads)} views, got {len(views)}")
+        return torch.stack([head(x) for head, x in zip(self.heads, views, strict=True)], dim=-2)
