@@ -38,6 +38,7 @@ format: $(VENV)/.installed-dev
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python -m benchmarks.fusion --torch
+	$(BIN)/python -m benchmarks.training
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

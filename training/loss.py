@@ -12,9 +12,12 @@ from fusion import FusedOpinion, Method, evidence_from_opinion, fuse, opinion_fr
 
 
 def adapted_cross_entropy(alpha: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """``sum_j y_j (psi(S) - psi(alpha_j))`` (Eq. 15). alpha (..., K), one-hot target (..., K) -> (...)."""
-    strength = alpha.sum(-1, keepdim=True)
-    return (target * (torch.digamma(strength) - torch.digamma(alpha))).sum(-1)
+    """``sum_j y_j (psi(S) - psi(alpha_j))`` (Eq. 15). alpha (..., K), one-hot target (..., K) -> (...).
+
+    For a one-hot target this is ``psi(S) - psi(alpha_y)``: one digamma per sample instead of K (digamma
+    was a quarter of a training step).
+    """
+    return torch.digamma(alpha.sum(-1)) - torch.digamma((target * alpha).sum(-1))
 
 
 def kl_to_uniform(alpha: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -53,7 +56,7 @@ def total_loss(
     beta: float = 1.0,
     gamma: float,
 ) -> tuple[torch.Tensor, FusedOpinion]:
-    """The training objective for one batch (Eq. 19), and the fused opinion it was computed from.
+    """The training objective per sample (Eq. 19), and the fused opinion it was computed from.
 
     ``(L_acc(fused) + beta sum_v L_acc(view v)) / (1 + beta V) + gamma L_con``, averaged over the batch.
     Dividing the accuracy terms by ``1 + beta V`` is what the authors' code does (with ``beta = 1``); it is
@@ -61,17 +64,23 @@ def total_loss(
 
     Parameters
     ----------
-    evidence : tensor, shape (N, V, K)
-        The heads' evidence.
-    labels : int tensor, shape (N,)
+    evidence : tensor, shape (..., N, V, K)
+        The heads' evidence (leading axes: e.g. several models trained at once).
+    labels : int tensor, shape (..., N)
     method : {"bcf", "cbf", "baf", "gbaf", "dbf"}
         The fusion whose opinion the fused term trains (:func:`fusion.fuse`).
+
+    Returns
+    -------
+    loss : tensor, shape (..., N)
+        Per sample; a batch's objective is its mean.
+    fused : FusedOpinion
     """
     v, k = evidence.shape[-2:]
     target = torch.nn.functional.one_hot(labels, k).to(evidence.dtype)
     fused = fuse(opinion_from_evidence(evidence), method, lam=lam)
     fused_alpha = evidence_from_opinion(fused) + 1
     fused_term = evidential_loss(fused_alpha, target, annealing=annealing)
-    view_terms = evidential_loss(evidence + 1, target[:, None, :], annealing=annealing).sum(-1)
+    view_terms = evidential_loss(evidence + 1, target[..., None, :], annealing=annealing).sum(-1)
     accuracy_terms = (fused_term + beta * view_terms) / (1 + beta * v)
-    return (accuracy_terms + gamma * consistency_loss(fused.conflict)).mean(), fused
+    return accuracy_terms + gamma * consistency_loss(fused.conflict), fused

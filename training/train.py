@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from torch import nn
 
 from fusion import Method
-from training.heads import Activation, EvidentialHeads
+from training.heads import Activation, EvidentialHeads, capped_exp
 from training.loss import annealing_coefficient, total_loss
 
 
@@ -75,30 +76,74 @@ def train(
     EvidentialHeads
         In eval mode, on the CPU.
     """
-    torch.manual_seed(config.seed)
-    generator = torch.Generator().manual_seed(config.seed)
-    tensors = [torch.as_tensor(np.asarray(v, dtype=np.float32)) for v in views]
-    targets = torch.as_tensor(np.asarray(labels, dtype=np.int64))
-    model = EvidentialHeads(
-        [t.shape[1] for t in tensors], num_classes, hidden=config.hidden, activation=config.activation
-    )
+    return train_members(
+        [views], [labels], num_classes=num_classes, config=config, seeds=[config.seed], progress=progress
+    )[0]
+
+
+def train_members(
+    views: Sequence[Sequence[np.ndarray]],
+    labels: Sequence[np.ndarray],
+    *,
+    num_classes: int,
+    config: TrainConfig,
+    seeds: Sequence[int],
+    progress: bool | None = None,
+) -> list[EvidentialHeads]:
+    """Train M independent models at once, one per seed, each on its own data: as :func:`train` M times.
+
+    The members are stacked along a leading axis, so every operation runs once on ``(M, batch, ...)`` tensors
+    instead of M times on small ones (the per-operation overhead dominates these small models). Member m is
+    initialised from ``seeds[m]``, shuffles its data with its own generator and gets the gradient of its own
+    loss (the members' losses are summed, not averaged, so weight decay and Adam see what they would alone);
+    results equal separate runs up to floating-point summation order.
+
+    Parameters
+    ----------
+    views : M sequences of V arrays, each (N, d_v)
+        Each member's scaled training features; N must be the same for all members.
+    labels : M int arrays, each (N,)
+    seeds : M ints
+    """
+    if not (len(views) == len(labels) == len(seeds)) or not seeds:
+        raise ValueError(
+            f"need one views, labels and seed per member: {len(views)}, {len(labels)}, {len(seeds)}"
+        )
+    members = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        members.append(
+            EvidentialHeads(
+                [v.shape[1] for v in views[0]],
+                num_classes,
+                hidden=config.hidden,
+                activation=config.activation,
+            )
+        )
+    stacked = _StackedHeads(members)
+    tensors = [
+        torch.as_tensor(np.stack([np.asarray(m[i], dtype=np.float32) for m in views]))
+        for i in range(len(views[0]))
+    ]
+    targets = torch.as_tensor(np.stack([np.asarray(y, dtype=np.int64) for y in labels]))  # (M, N)
+    generators = [torch.Generator().manual_seed(seed) for seed in seeds]
     hp = config.hyperparameters
-    optimizer = torch.optim.Adam(model.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
-    n = targets.shape[0]
+    optimizer = torch.optim.Adam(stacked.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
+    m, n = targets.shape
+    rows = torch.arange(m)[:, None]
     if progress is None:
         progress = sys.stderr.isatty() and not os.environ.get("CI")
     bar = _progress_bar(config.epochs, enabled=progress)
-    model.train()
     for epoch in range(1, config.epochs + 1):
         annealing = annealing_coefficient(epoch, hp.annealing_step)
-        order = torch.randperm(n, generator=generator)
+        order = torch.stack([torch.randperm(n, generator=g) for g in generators])  # (M, N)
         total, correct = 0.0, 0
         for start in range(0, n, config.batch_size):
-            batch = order[start : start + config.batch_size]
-            evidence = model([t[batch] for t in tensors])
+            batch = order[:, start : start + config.batch_size]  # (M, B)
+            evidence = stacked([t[rows, batch] for t in tensors])  # (M, B, V, K)
             loss, fused = total_loss(
                 evidence,
-                targets[batch],
+                targets[rows, batch],
                 method=config.method,
                 lam=config.lam,
                 annealing=annealing,
@@ -106,16 +151,65 @@ def train(
                 gamma=hp.gamma,
             )
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.mean(-1).sum().backward()  # each member: the mean over its batch
             optimizer.step()
             if progress:
-                total += float(loss) * batch.numel()
-                correct += int((fused.probability.argmax(-1) == targets[batch]).sum())
+                total += float(loss.sum())
+                correct += int((fused.probability.argmax(-1) == targets[rows, batch]).sum())
         if progress:
-            bar.set_postfix(loss=f"{total / n:.4f}", acc=f"{correct / n:.3f}", refresh=False)
+            bar.set_postfix(loss=f"{total / (m * n):.4f}", acc=f"{correct / (m * n):.3f}", refresh=False)
             bar.update()
     bar.close()
-    return model.eval()
+    return stacked.unstack(members)
+
+
+class _StackedLinear(nn.Module):
+    """M linear layers applied to M inputs at once: ``(M, N, in) -> (M, N, out)``."""
+
+    def __init__(self, layers: Sequence[nn.Linear]) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.stack([layer.weight.detach().T for layer in layers]).contiguous())
+        self.bias = nn.Parameter(torch.stack([layer.bias.detach()[None, :] for layer in layers]).contiguous())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.baddbmm(self.bias, x, self.weight)
+
+
+class _StackedHeads(nn.Module):
+    """M :class:`EvidentialHeads` of one architecture, trained together; :meth:`unstack` gives them back."""
+
+    def __init__(self, members: Sequence[EvidentialHeads]) -> None:
+        super().__init__()
+        first = members[0]
+        self.views = nn.ModuleList()
+        for v, head in enumerate(first.heads):
+            layers = [module for module in head.net if isinstance(module, nn.Linear)]
+            stacked = nn.ModuleList(
+                _StackedLinear([member.heads[v].net[2 * i] for member in members]) for i in range(len(layers))
+            )
+            self.views.append(stacked)
+        self.activation = first.heads[0].activation
+
+    def forward(self, views: Sequence[torch.Tensor]) -> torch.Tensor:
+        out = []
+        for layers, x in zip(self.views, views, strict=True):
+            for i, layer in enumerate(layers):
+                x = layer(x)
+                if i < len(layers) - 1:
+                    x = torch.relu(x)
+            out.append(capped_exp(x) if self.activation == "exp" else nn.functional.softplus(x))
+        return torch.stack(out, dim=-2)
+
+    def unstack(self, members: Sequence[EvidentialHeads]) -> list[EvidentialHeads]:
+        """Copy the trained weights back into ``members`` (in eval mode) and return them."""
+        with torch.no_grad():
+            for m, member in enumerate(members):
+                for v, layers in enumerate(self.views):
+                    for i, layer in enumerate(layers):
+                        linear = member.heads[v].net[2 * i]
+                        linear.weight.copy_(layer.weight[m].T)
+                        linear.bias.copy_(layer.bias[m, 0])
+        return [member.eval() for member in members]
 
 
 def predict_evidence(

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from training.data import load, synthetic
-from training.experiment import RunSpec, make_splits, run, summary_table
+from training.experiment import RunSpec, make_splits, run, run_grid, summary_table, write_results
 
 
 @pytest.mark.parametrize("protocol", ["heldout", "paper"])
@@ -76,3 +76,17 @@ def test_experiment_command_writes_results(data_dir, tmp_path):
         assert {"dataset", "method", "seed", "acc_normal", "acc_conflict", "auc", "seconds"} <= r.keys()
         assert 0 <= r["acc_normal"] <= 1
     assert "| DBF |" in (tmp_path / "results.md").read_text()
+    for figure in ("uncertainty_distributions.png", "view_uncertainty.png"):
+        assert (tmp_path / figure).read_bytes().startswith(b"\x89PNG")
+
+
+def test_grid_trains_seeds_together_and_draws_the_lambda_sweep(tmp_path):
+    specs = [
+        RunSpec(dataset="synthetic", lam=lam, seed=seed, epochs=3) for lam in (0.5, 2.0) for seed in (0, 1)
+    ]
+    results = run_grid(specs, None, workers=1)
+    assert [(r["lambda"], r["seed"]) for r in results] == [(0.5, 0), (0.5, 1), (2.0, 0), (2.0, 1)]
+    assert all(r["trained_together"] == 2 for r in results)
+    assert results[0]["acc_normal"] == run(specs[0])["acc_normal"]  # a member trains as it would alone
+    write_results(results, tmp_path)
+    assert (tmp_path / "lambda_sweep.png").read_bytes().startswith(b"\x89PNG")
