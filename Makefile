@@ -5,7 +5,9 @@ BIN := $(VENV)/bin
 # Benchmark datasets: ../shared/data beside a team checkout, else ./data (`python -m training download`).
 export DBF_DATA_DIR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),$(abspath data))
 
-.PHONY: serve test lint format bench clean
+MODELS := handwritten pie scene15 cub
+
+.PHONY: serve test lint format bench clean models $(MODELS:%=model-%)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +41,14 @@ format: $(VENV)/.installed-dev
 bench: $(VENV)/.installed-dev
 	$(BIN)/python -m benchmarks.fusion --torch
 	$(BIN)/python -m benchmarks.training
+
+# The committed model repository, regenerated from the benchmark data (deterministic: the same bytes on a
+# rerun with the same library versions). `make -j2 models` trains two at a time.
+models: $(MODELS:%=model-%)
+	$(BIN)/python -c "import manifest, sys; sys.stdout.write(manifest.json_schema_text())" > models/manifest.schema.json
+
+$(MODELS:%=model-%): model-%: $(VENV)/.installed-dev
+	$(BIN)/python -m training export --dataset $* --out models/$* --data-dir $(DBF_DATA_DIR)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -58,6 +58,37 @@ def _experiment(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from training.export import export
+    from training.train import PAPER_HYPERPARAMETERS, TrainConfig
+
+    config = TrainConfig(
+        method=args.method,
+        lam=args.lam,
+        epochs=args.epochs,
+        hyperparameters=PAPER_HYPERPARAMETERS[args.dataset],
+        seed=args.seed,
+    )
+    manifest = export(
+        args.dataset,
+        args.out,
+        data_dir=args.data_dir,
+        method=args.method,
+        lam=args.lam,
+        config=config,
+        seed=args.seed,
+        target_false_positive_rate=args.target_fpr,
+    )
+    m, flag = manifest.metrics, manifest.conflict_flag
+    print(
+        f"wrote {args.out}: accuracy {m.acc_normal:.3f} clean, {m.acc_conflict:.3f} conflictive, "
+        f"{m.acc_all_samples:.3f} all samples; AUROC {m.auc:.3f}; "
+        f"flag on {flag.score} >= {flag.threshold:.4f} "
+        f"(test: {flag.test.clean:.3f} clean, {flag.test.conflictive:.3f} conflictive)"
+    )
+    return 0
+
+
 def _names(text: str) -> list[str]:
     return [part for part in text.split(",") if part]
 
@@ -100,6 +131,19 @@ def main(argv: list[str] | None = None) -> int:
     grid.add_argument("--hidden", type=lambda s: tuple(int(x) for x in _names(s)), default=())
     grid.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     grid.set_defaults(run=_experiment)
+
+    out = commands.add_parser(
+        "export", help="train with the default settings and write an ONNX model repository entry"
+    )
+    out.add_argument("--dataset", required=True, choices=sorted(data.DATASETS))
+    out.add_argument("--out", type=Path, required=True, help="the model's directory, e.g. models/handwritten")
+    out.add_argument("--data-dir", type=Path, default=Path(os.environ.get("DBF_DATA_DIR", "data")))
+    out.add_argument("--method", default="dbf", choices=["bcf", "cbf", "baf", "gbaf", "dbf"])
+    out.add_argument("--lambda", dest="lam", type=float, default=1.0)
+    out.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS)
+    out.add_argument("--seed", type=int, default=0)
+    out.add_argument("--target-fpr", type=float, default=0.05, help="flag rate on clean validation samples")
+    out.set_defaults(run=_export)
     args = parser.parse_args(argv)
     return args.run(args)
 

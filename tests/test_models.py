@@ -1,0 +1,45 @@
+"""The committed model repository (models/): valid manifests, intact files, and the accuracy it promises."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import manifest
+from fusion import fuse, opinion_from_evidence
+from training.data import load
+from training.export import exported_evidence
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
+# Issue 4: DBF over the committed heads, over all samples of each dataset, classifies at least this well.
+REQUIRED_ACCURACY = {"handwritten": 0.95, "pie": 0.85, "scene15": 0.65, "cub": 0.80}
+
+
+def test_schema_file_is_generated_from_the_model():
+    assert (MODELS / "manifest.schema.json").read_text() == manifest.json_schema_text()
+
+
+@pytest.mark.parametrize("name", sorted(REQUIRED_ACCURACY))
+def test_committed_model_is_valid_and_intact(name):
+    entry = manifest.Manifest.model_validate_json((MODELS / name / "manifest.json").read_text())
+    assert entry.name == name
+    assert entry.fusion.method == "dbf"
+    assert entry.fusion.lam == 1.0
+    assert entry.conflict_flag.target_false_positive_rate == 0.05
+    for view in entry.views:
+        assert hashlib.sha256((MODELS / name / view.file).read_bytes()).hexdigest() == view.sha256
+    assert sorted(p.name for p in (MODELS / name).iterdir()) == sorted(
+        ["manifest.json", *(v.file for v in entry.views)]
+    )
+
+
+@pytest.mark.data
+@pytest.mark.parametrize("name", sorted(REQUIRED_ACCURACY))
+def test_committed_model_classifies_the_whole_dataset(name, data_dir):
+    data = load(name, data_dir)
+    evidence = exported_evidence(MODELS / name, data.views)
+    fused = fuse(opinion_from_evidence(evidence), "dbf", lam=1.0)
+    assert np.mean(fused.probability.argmax(-1) == data.labels) >= REQUIRED_ACCURACY[name]

@@ -1,0 +1,102 @@
+"""ONNX export: graphs that reproduce the torch heads, calibrated flags, atomic and deterministic writes."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import onnxruntime
+import pytest
+import torch
+
+from manifest import Manifest
+from training import export as exporting
+from training.export import ParityError, calibrate_flag, check_parity, export, head_to_onnx
+from training.heads import ViewHead
+from training.train import PAPER_HYPERPARAMETERS, TrainConfig
+
+
+def _raw_and_scaled(rng, n=64, dim=7):
+    raw = rng.normal(3.0, 5.0, size=(n, dim)).astype(np.float32)
+    raw[:, 2] = 4.0  # a constant feature: the scaler maps it to 0
+    low, high = raw.min(0), raw.max(0)
+    span = high - low
+    scaled = np.where(span > 0, (raw - low) / np.where(span > 0, span, 1), 0).astype(np.float32)
+    return raw, scaled, low, high
+
+
+@pytest.mark.parametrize("activation", ["exp", "softplus"])
+@pytest.mark.parametrize("hidden", [(), (8, 5)])
+def test_graph_reproduces_the_head_on_raw_features(activation, hidden):
+    rng = np.random.default_rng(0)
+    raw, scaled, low, high = _raw_and_scaled(rng)
+    torch.manual_seed(0)
+    head = ViewHead(7, 4, hidden=hidden, activation=activation).eval()
+    with torch.no_grad():  # large weights: evidence across the capped exponential's range
+        for p in head.parameters():
+            p.mul_(20)
+    graph = head_to_onnx(head, low, high, view="v").SerializeToString()
+    assert check_parity(graph, head, raw, scaled, view="v") <= 1e-4
+    session = onnxruntime.InferenceSession(graph, providers=["CPUExecutionProvider"])
+    [inp], [out] = session.get_inputs(), session.get_outputs()
+    assert (inp.name, inp.type, inp.shape) == ("features", "tensor(float)", ["batch", 7])
+    assert (out.name, out.shape) == ("evidence", ["batch", 4])
+    for n in (1, 37):  # dynamic batch axis
+        assert session.run(None, {"features": raw[:n]})[0].shape == (n, 4)
+
+
+def test_parity_failure_is_refused():
+    rng = np.random.default_rng(1)
+    raw, scaled, low, high = _raw_and_scaled(rng)
+    head, other = ViewHead(7, 4), ViewHead(7, 4)
+    graph = head_to_onnx(other, low, high, view="pix").SerializeToString()
+    with pytest.raises(ParityError, match="view pix: ONNX evidence differs"):
+        check_parity(graph, head, raw, scaled, view="pix")
+
+
+def test_flag_calibration_picks_the_better_score_and_meets_the_target_rate():
+    rng = np.random.default_rng(2)
+    clean = {"uncertainty": rng.random(1000), "max_conflict": rng.random(1000) * 0.5}
+    conflictive = {"uncertainty": rng.random(1000), "max_conflict": 0.4 + rng.random(1000) * 0.6}
+    score, threshold, separation = calibrate_flag(clean, conflictive, target_false_positive_rate=0.05)
+    assert score == "max_conflict"
+    assert separation["max_conflict"] > 0.9 > separation["uncertainty"]
+    assert np.mean(clean[score] >= threshold) == pytest.approx(0.05, abs=0.002)
+
+
+def _quick(dataset: str) -> TrainConfig:
+    return TrainConfig(epochs=5, hyperparameters=PAPER_HYPERPARAMETERS[dataset])
+
+
+@pytest.mark.data
+def test_export_writes_a_verified_deterministic_repository_entry(data_dir, tmp_path):
+    manifest = export("cub", tmp_path / "cub", data_dir=data_dir, config=_quick("cub"))
+    on_disk = Manifest.model_validate_json((tmp_path / "cub" / "manifest.json").read_text())
+    assert on_disk == manifest
+    assert [v.name for v in manifest.views] == ["image", "text"]
+    assert [v.dim for v in manifest.views] == [1024, 300]
+    for view in manifest.views:
+        assert hashlib.sha256((tmp_path / "cub" / view.file).read_bytes()).hexdigest() == view.sha256
+    assert manifest.fusion.method == "dbf"
+    assert manifest.conflict_flag.validation.clean <= 0.05 + 1 / 60  # 60 validation samples
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cub"]  # no staging left behind
+
+    again = export("cub", tmp_path / "again", data_dir=data_dir, config=_quick("cub"))
+    for name in ("image.onnx", "text.onnx", "manifest.json"):
+        assert (tmp_path / "again" / name).read_bytes() == (tmp_path / "cub" / name).read_bytes()
+    assert again == manifest
+
+
+@pytest.mark.data
+def test_failed_export_leaves_the_existing_model_untouched(data_dir, tmp_path, monkeypatch):
+    export("cub", tmp_path / "cub", data_dir=data_dir, config=_quick("cub"))
+    before = {p.name: p.read_bytes() for p in (tmp_path / "cub").iterdir()}
+
+    def broken(*args, view, **kwargs):
+        raise ParityError(f"view {view}: ONNX evidence differs from torch by 1.00e+00 (> 0.0001)")
+
+    monkeypatch.setattr(exporting, "check_parity", broken)
+    with pytest.raises(ParityError, match="view image"):
+        export("cub", tmp_path / "cub", data_dir=data_dir, config=_quick("cub"), seed=1)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "cub").iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cub"]
