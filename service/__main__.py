@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import uvicorn
@@ -16,22 +17,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default=defaults.host)
     parser.add_argument("--port", type=int, default=defaults.port)
     parser.add_argument("--workers", type=int, default=defaults.workers)
-    parser.add_argument("--model-dir", type=Path, default=defaults.model_dir)
+    parser.add_argument(
+        "--model-dir", type=Path, default=defaults.model_dir, help="one model or a repository"
+    )
     parser.add_argument("--log-level", default=defaults.log_level)
     args = parser.parse_args(argv)
-    settings = Settings(
+    # Each worker process builds the app from the environment: hand the command line's choices on.
+    os.environ["DBF_MODEL_DIR"] = str(args.model_dir)
+    uvicorn.run(
+        "service.app:app_from_environment",
+        factory=True,
         host=args.host,
         port=args.port,
         workers=args.workers,
-        model_dir=args.model_dir,
         log_level=args.log_level,
-    )
-    uvicorn.run(
-        "service.app:app",
-        host=settings.host,
-        port=settings.port,
-        workers=settings.workers,
-        log_level=settings.log_level,
+        timeout_graceful_shutdown=defaults.graceful_shutdown_seconds,
     )
 
 

@@ -1,25 +1,104 @@
-"""Application wiring. Until the inference routes land, the service answers liveness and readiness only."""
+"""Application wiring: settings, model repository (loaded at start-up), routes, errors, metrics."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib import metadata
+from typing import Any
+
+import anyio
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi.openapi.utils import get_openapi
+
+from fusion import METHODS
+from service import errors, metrics, routes
+from service.repository import ModelLoadError, load_repository
+from service.settings import Settings
+
+log = logging.getLogger("dbf.app")
 
 
-def create_app() -> FastAPI:
-    app = FastAPI(title="dbf-serve", version="0.1.0")
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
 
-    @app.get("/health", tags=["probes"])
-    def health() -> dict[str, str]:
-        """Liveness: the process answers."""
-        return {"status": "ok"}
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            app.state.repository = load_repository(settings)
+        except ModelLoadError as error:
+            # Like Triton on a load error: log the file at fault and refuse to start (uvicorn exits non-zero).
+            log.error("model repository failed to load: %s", error)
+            raise
+        loaded = app.state.repository.models.values()
+        for model in loaded:
+            for view, provider in model.providers.items():
+                metrics.MODEL_INFO.labels(model.name, view, provider).set(1)
+        reasons = tuple(error.type for error in errors.ServiceError.__subclasses__())
+        metrics.initialise({m.name: [v.name for v in m.manifest.views] for m in loaded}, METHODS, reasons)
+        yield
 
-    @app.get("/ready", tags=["probes"])
-    def ready() -> JSONResponse:
-        """Readiness: 200 once every model is loaded and verified. No model loading exists yet, so 503."""
-        return JSONResponse({"status": "not ready", "reason": "no models are loaded"}, status_code=503)
-
+    app = FastAPI(title="dbf-serve", version=_version(), lifespan=lifespan)
+    app.state.settings = settings
+    app.state.repository = None
+    app.state.load_error = "models are loading"
+    app.state.inference_limiter = anyio.CapacityLimiter(settings.inference_threads)
+    errors.install(app)
+    app.include_router(routes.probes)
+    app.include_router(routes.models)
+    app.include_router(routes.inference)
+    metrics.BUILD.info({"version": _version()})
+    app.openapi = lambda: _openapi(app)
     return app
 
 
-app = create_app()
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """The generated schema plus the predict body's, with a working example for the default model."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    example: dict[str, Any] = {"samples": [{"views": {}}], "method": "dbf", "lambda": 1.0}
+    repository = app.state.repository
+    if repository is not None:
+        views = repository.get().manifest.views
+        example["samples"][0]["views"] = {view.name: [0.0] * view.dim for view in views}
+    schema.setdefault("components", {}).setdefault("schemas", {})["PredictRequest"] = {
+        "type": "object",
+        "required": ["samples"],
+        "properties": {
+            "samples": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "required": ["views"],
+                    "properties": {
+                        "views": {
+                            "type": "object",
+                            "minProperties": 1,
+                            "additionalProperties": {"type": "array", "items": {"type": "number"}},
+                            "description": "raw features per view name, as the training data stores them",
+                        }
+                    },
+                },
+            },
+            "method": {"type": "string", "enum": ["bcf", "cbf", "baf", "gbaf", "dbf"]},
+            "lambda": {"type": "number", "exclusiveMinimum": 0},
+        },
+        "example": example,
+    }
+    app.openapi_schema = schema
+    return schema
+
+
+def _version() -> str:
+    try:
+        return metadata.version("dbf-serve")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def app_from_environment() -> FastAPI:
+    """uvicorn's factory: settings from ``DBF_*`` variables (so every worker process builds the same app)."""
+    return create_app(Settings())

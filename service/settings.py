@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pydantic import Field
@@ -9,7 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class Settings(BaseSettings):
-    """Settings; every field can be set as ``DBF_<NAME>`` (e.g. ``DBF_PORT=9000``)."""
+    """Every field can be set as ``DBF_<NAME>`` (e.g. ``DBF_PORT=9000``, ``DBF_REQUIRE_GPU=true``)."""
 
     model_config = SettingsConfigDict(env_prefix="DBF_")
 
@@ -17,4 +18,15 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=0, le=65535)
     workers: int = Field(default=1, ge=1)
     model_dir: Path = Path("models")
+    default_model: str = "handwritten"
+    max_samples: int = Field(default=1024, ge=1, description="samples per request; more is a 413")
+    require_gpu: bool = Field(default=False, description="refuse to start unless CUDA really runs the heads")
+    # Each view's onnxruntime session gets one thread and no spinning: the heads are small matrix products,
+    # a request runs its views one after another in one worker thread, and concurrency comes from running
+    # requests in parallel (inference_threads), so per-session pools would only oversubscribe the cores.
+    onnx_threads: int = Field(default=1, ge=1)
+    inference_threads: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
     log_level: str = "info"
+    graceful_shutdown_seconds: float = Field(
+        default=30.0, gt=0, description="in-flight requests' time to finish"
+    )

@@ -1,13 +1,13 @@
-"""Black-box: the service started as users start it answers its probes over HTTP."""
+"""Black-box: readiness depends on verified models; the service started as users start it."""
 
-import httpx
+import subprocess
+import sys
 
-from tests.service.conftest import running_service
+from tests.service.conftest import free_port
 
 
-def test_health_is_live_and_ready_refuses_without_models():
-    with running_service() as url:
-        assert httpx.get(f"{url}/health").json() == {"status": "ok"}
-        ready = httpx.get(f"{url}/ready")
-        assert ready.status_code == 503
-        assert "no models" in ready.json()["reason"]
+def test_no_models_means_no_start(tmp_path):
+    command = [sys.executable, "-m", "service", "--port", str(free_port()), "--model-dir", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "no manifest.json" in done.stdout + done.stderr

@@ -1,0 +1,57 @@
+"""Prometheus metrics. Labels are bounded: models and views come from the manifests, methods from a fixed
+list, reasons from the error types; nothing per request."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram, Info
+
+_UNIT = tuple(round(0.05 * i, 2) for i in range(1, 21))  # 0.05 .. 1.0
+
+PREDICTIONS = Counter("dbf_predictions", "Fused samples served.", ["model", "method"])
+HIGH_CONFLICT = Counter("dbf_high_conflict", "Samples flagged high_conflict.", ["model", "method"])
+FLAGGED_BY_VIEW = Counter(
+    "dbf_flagged_by_view",
+    "Flagged samples by the view most to blame, to name a failing modality.",
+    ["model", "view"],
+)
+UNCERTAINTY = Histogram(
+    "dbf_fused_uncertainty", "Fused uncertainty per sample.", ["model", "method"], buckets=_UNIT
+)
+MAX_CONFLICT = Histogram(
+    "dbf_max_conflict", "Largest pairwise degree of conflict per sample.", ["model", "method"], buckets=_UNIT
+)
+VIEW_DISCOUNT = Histogram(
+    "dbf_view_discount", "DBF discount factor per present view and sample.", ["model", "view"], buckets=_UNIT
+)
+BATCH_SIZE = Histogram(
+    "dbf_batch_size",
+    "Samples per predict request.",
+    ["model"],
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+)
+REQUEST_SECONDS = Histogram("dbf_request_duration_seconds", "Predict request latency.", ["model"])
+ERRORS = Counter("dbf_errors", "Error responses by reason.", ["reason"])
+MODEL_INFO = Gauge(
+    "dbf_model_info",
+    "Loaded model heads (1) and the execution provider running each.",
+    ["model", "view", "provider"],
+)
+BUILD = Info("dbf_build", "dbf-serve build information.")
+
+
+def initialise(models: dict[str, list[str]], methods: tuple[str, ...], reasons: tuple[str, ...]) -> None:
+    """Create every series at zero, so rates and alerts see 0 rather than nothing before the first event.
+
+    ``models`` maps each model to its view names.
+    """
+    for model, views in models.items():
+        BATCH_SIZE.labels(model)
+        REQUEST_SECONDS.labels(model)
+        for method in methods:
+            for family in (PREDICTIONS, HIGH_CONFLICT, UNCERTAINTY, MAX_CONFLICT):
+                family.labels(model, method)
+        for view in views:
+            FLAGGED_BY_VIEW.labels(model, view)
+            VIEW_DISCOUNT.labels(model, view)
+    for reason in reasons:
+        ERRORS.labels(reason=reason)

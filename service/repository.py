@@ -1,0 +1,146 @@
+"""The model repository: find manifests, verify every file, load one onnxruntime session per view.
+
+Nothing half-loaded is served: :func:`load_repository` either returns every model verified and loaded, or
+raises :class:`ModelLoadError` naming the file at fault.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnxruntime
+from pydantic import ValidationError
+
+from manifest import Manifest
+from service.settings import Settings
+
+log = logging.getLogger("dbf.repository")
+
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+
+
+class ModelLoadError(RuntimeError):
+    """A manifest or model file is missing, invalid, tampered with, or does not load; the message names it."""
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    manifest: Manifest
+    directory: Path
+    sessions: dict[str, onnxruntime.InferenceSession] = field(repr=False)
+    providers: dict[str, str]  # view -> the provider that really runs it
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+
+@dataclass(frozen=True)
+class Repository:
+    models: dict[str, LoadedModel]
+    default: str
+
+    def get(self, name: str | None = None) -> LoadedModel | None:
+        return self.models.get(self.default if name is None else name)
+
+
+def find_manifests(model_dir: Path) -> list[Path]:
+    """``model_dir/manifest.json`` if it is one model, else ``model_dir/*/manifest.json``, sorted."""
+    if (model_dir / "manifest.json").is_file():
+        return [model_dir / "manifest.json"]
+    return sorted(model_dir.glob("*/manifest.json"))
+
+
+def read_manifest(path: Path) -> Manifest:
+    """Validate ``path`` against the schema and every head file against its SHA-256."""
+    try:
+        manifest = Manifest.model_validate_json(path.read_bytes())
+    except (OSError, ValidationError, ValueError) as error:
+        raise ModelLoadError(f"{path}: invalid manifest: {error}") from error
+    for view in manifest.views:
+        file = path.parent / view.file
+        try:
+            digest = hashlib.sha256(file.read_bytes()).hexdigest()
+        except OSError as error:
+            raise ModelLoadError(f"{file}: cannot read model file ({error.strerror})") from error
+        if digest != view.sha256:
+            raise ModelLoadError(f"{file}: checksum mismatch (manifest {view.sha256}, file {digest})")
+    return manifest
+
+
+def load_repository(settings: Settings) -> Repository:
+    """Verify and load every model under ``settings.model_dir``; :class:`ModelLoadError` on any fault."""
+    paths = find_manifests(settings.model_dir)
+    if not paths:
+        raise ModelLoadError(
+            f"{settings.model_dir}: no manifest.json (neither a model nor a repository of them)"
+        )
+    manifests = [(path, read_manifest(path)) for path in paths]  # verify everything before loading anything
+    use_cuda = _cuda_usable(manifests[0][0].parent / manifests[0][1].views[0].file)
+    if settings.require_gpu and not use_cuda:
+        raise ModelLoadError(
+            "DBF_REQUIRE_GPU is set but CUDA cannot run the heads (onnxruntime fell back to CPU)"
+        )
+    models: dict[str, LoadedModel] = {}
+    for path, manifest in manifests:
+        if manifest.name in models:
+            raise ModelLoadError(f"{path}: model name {manifest.name!r} is used twice")
+        sessions, providers = {}, {}
+        for view in manifest.views:
+            file = path.parent / view.file
+            session = _session(file, settings, use_cuda)
+            _check_signature(session, file, view.dim, len(manifest.classes))
+            sessions[view.name] = session
+            providers[view.name] = session.get_providers()[0]
+        models[manifest.name] = LoadedModel(manifest, path.parent, sessions, providers)
+        used = ", ".join(sorted(set(providers.values())))
+        log.info("loaded model %s (%s) from %s", manifest.name, used, path.parent)
+    default = settings.default_model if settings.default_model in models else next(iter(models))
+    if default != settings.default_model:
+        log.warning("default model %r not found; serving %r as the default", settings.default_model, default)
+    return Repository(models=models, default=default)
+
+
+def _options(settings: Settings) -> onnxruntime.SessionOptions:
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = settings.onnx_threads
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # idle threads must not burn CPU
+    return options
+
+
+def _session(file: Path, settings: Settings, use_cuda: bool) -> onnxruntime.InferenceSession:
+    providers = [CUDA, CPU] if use_cuda else [CPU]
+    try:
+        return onnxruntime.InferenceSession(str(file), _options(settings), providers=providers)
+    except Exception as error:  # onnxruntime raises its own exception types for unloadable graphs
+        raise ModelLoadError(f"{file}: onnxruntime cannot load it: {error}") from error
+
+
+def _cuda_usable(probe: Path) -> bool:
+    """Whether CUDA really runs a session, found out once: onnxruntime falls back to CPU silently when the
+    CUDA or cuDNN libraries are missing, logging an error for every session that asked for CUDA."""
+    if CUDA not in onnxruntime.get_available_providers():
+        return False
+    onnxruntime.set_default_logger_severity(4)  # the probe's fallback error is expected: keep it quiet
+    try:
+        session = onnxruntime.InferenceSession(str(probe), providers=[CUDA, CPU])
+        usable = session.get_providers()[0] == CUDA
+    except Exception:
+        usable = False
+    finally:
+        onnxruntime.set_default_logger_severity(2)
+    log.info("CUDA execution provider %s", "in use" if usable else "unavailable: running on CPU")
+    return usable
+
+
+def _check_signature(session: onnxruntime.InferenceSession, file: Path, dim: int, classes: int) -> None:
+    [inp], [out] = session.get_inputs(), session.get_outputs()
+    if inp.type != "tensor(float)" or len(inp.shape) != 2 or inp.shape[1] != dim:
+        raise ModelLoadError(f"{file}: input is {inp.type} {inp.shape}, manifest says float32 (N, {dim})")
+    if len(out.shape) != 2 or out.shape[1] != classes:
+        raise ModelLoadError(f"{file}: output is {out.shape}, manifest says (N, {classes})")

@@ -1,0 +1,258 @@
+"""Black-box: the real service under uvicorn on a loopback port, the committed models, HTTP only."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.service.conftest import free_port, running_service
+from training.data import load
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+HANDWRITTEN_DIMS = {"pix": 240, "fou": 76, "fac": 216, "zer": 47, "kar": 64, "mor": 6}
+
+
+@pytest.fixture(scope="module")
+def url():
+    with running_service("--model-dir", str(MODELS)) as base:
+        yield base
+
+
+def zeros_sample(**dims: int) -> dict:
+    return {"views": {name: [0.0] * dim for name, dim in (dims or HANDWRITTEN_DIMS).items()}}
+
+
+def post(url: str, body, path: str = "/predict") -> httpx.Response:
+    if isinstance(body, bytes):
+        return httpx.post(url + path, content=body, headers={"content-type": "application/json"}, timeout=30)
+    return httpx.post(url + path, json=body, timeout=30)
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    text = httpx.get(url + "/metrics").text
+    wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            series, value = line.rsplit(" ", 1)
+            if all(f'{k}="{v}"' in series for k, v in labels.items()):
+                return float(value)
+    assert not wanted, f"no series {name}{{{wanted}}}"
+    return 0.0
+
+
+def test_probes_and_model_listing(url):
+    assert httpx.get(url + "/health").json() == {"status": "ok"}
+    ready = httpx.get(url + "/ready")
+    assert ready.status_code == 200
+    assert ready.json()["models"] == ["cub", "handwritten", "pie", "scene15"]
+    listing = httpx.get(url + "/v1/models").json()
+    assert listing["default"] == "handwritten"
+    handwritten = httpx.get(url + "/v1/models/handwritten").json()
+    assert [v["name"] for v in handwritten["views"]] == list(HANDWRITTEN_DIMS)
+    assert [v["dim"] for v in handwritten["views"]] == list(HANDWRITTEN_DIMS.values())
+    assert handwritten["classes"] == [str(d) for d in range(10)]
+    assert handwritten["fusion"] == {"method": "dbf", "lambda": 1.0}
+    assert set(handwritten["conflict_flag"]) >= {"score", "threshold", "test"}
+    assert set(handwritten["providers"].values()) == {"CPUExecutionProvider"}  # no GPU here
+    missing = httpx.get(url + "/v1/models/nope")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["type"] == "model_not_found"
+
+
+@pytest.mark.data
+def test_clean_and_conflictive_handwritten(url, data_dir):
+    data = load("handwritten", data_dir)
+    rng = np.random.default_rng(0)
+    picked = rng.choice(len(data.labels), size=200, replace=False)
+    names = list(HANDWRITTEN_DIMS)
+    clean = [{"views": {v: data.views[v][i].tolist() for v in names}} for i in picked]
+    # Conflictive copies: one random view from a sample of class (y + 1) mod 10, as in the paper.
+    tampered, conflictive = [], []
+    for sample, i in zip(clean, picked, strict=True):
+        view = names[rng.integers(len(names))]
+        donor = rng.choice(np.flatnonzero(data.labels == (data.labels[i] + 1) % 10))
+        copy = {"views": dict(sample["views"])}
+        copy["views"][view] = data.views[view][donor].tolist()
+        tampered.append(view)
+        conflictive.append(copy)
+    before = metric(url, "dbf_predictions_total", model="handwritten", method="dbf")
+    flagged_before = metric(url, "dbf_high_conflict_total", model="handwritten", method="dbf")
+    normal = post(url, {"samples": clean}).json()
+    attacked = post(url, {"samples": conflictive}).json()
+    assert normal["model"] == "handwritten" and normal["method"] == "dbf" and normal["lambda"] == 1.0
+    assert normal["views"] == names
+    labels = np.array([p["label"] for p in normal["predictions"]])
+    assert np.mean(labels == data.labels[picked]) >= 0.95
+    assert normal["predictions"][0]["class_name"] == str(normal["predictions"][0]["label"])
+    u_clean = np.array([p["uncertainty"] for p in normal["predictions"]])
+    u_conflict = np.array([p["uncertainty"] for p in attacked["predictions"]])
+    assert u_conflict.mean() > u_clean.mean() + 0.2
+    flags_clean = np.mean([p["high_conflict"] for p in normal["predictions"]])
+    flagged = [p for p in attacked["predictions"] if p["high_conflict"]]
+    assert flags_clean <= 0.15 and len(flagged) / 200 >= 0.4
+    blamed_right = np.mean(
+        [
+            p["blamed_view"] == v
+            for p, v in zip(attacked["predictions"], tampered, strict=True)
+            if p["high_conflict"]
+        ]
+    )
+    assert blamed_right >= 0.6
+    assert all(p["blamed_view"] is None for p in normal["predictions"] if not p["high_conflict"])
+    one = normal["predictions"][0]
+    assert len(one["probability"]) == len(one["belief"]) == 10
+    assert abs(sum(one["belief"]) + one["uncertainty"] - 1) < 1e-5
+    assert set(one["discount"]) == set(names) and set(one["views"]) == set(names)
+    assert len(one["conflict"]) == 6 and all(len(row) == 6 for row in one["conflict"])
+    # Metrics count what was served.
+    assert metric(url, "dbf_predictions_total", model="handwritten", method="dbf") == before + 400
+    high = metric(url, "dbf_high_conflict_total", model="handwritten", method="dbf") - flagged_before
+    assert high == sum(p["high_conflict"] for p in normal["predictions"] + attacked["predictions"])
+    assert metric(url, "dbf_view_discount_count", model="handwritten", view="pix") >= 400
+    assert metric(url, "dbf_flagged_by_view_total", model="handwritten", view=tampered[0]) >= 0
+
+
+@pytest.mark.data
+def test_missing_views_are_fused_as_absent(url, data_dir):
+    data = load("handwritten", data_dir)
+    sample = {"views": {"pix": data.views["pix"][7].tolist(), "mor": data.views["mor"][7].tolist()}}
+    out = post(url, {"samples": [sample]}).json()["predictions"][0]
+    assert set(out["discount"]) == {"pix", "mor"} and set(out["views"]) == {"pix", "mor"}
+    assert out["conflict"][1] is None and out["conflict"][0][1] is None
+    assert out["conflict"][0][5] is not None and out["conflict"][5][0] == out["conflict"][0][5]
+    alone = post(url, {"samples": [{"views": {"pix": sample["views"]["pix"]}}]}).json()["predictions"][0]
+    assert alone["uncertainty"] == pytest.approx(alone["views"]["pix"]["uncertainty"])  # one view: itself
+
+
+@pytest.mark.parametrize("method", ["bcf", "cbf", "baf", "gbaf", "dbf"])
+def test_every_method(url, method):
+    out = post(url, {"samples": [zeros_sample(), zeros_sample(pix=240)], "method": method, "lambda": 2.0})
+    assert out.status_code == 200
+    body = out.json()
+    assert (body["method"], body["lambda"], len(body["predictions"])) == (method, 2.0, 2)
+    if method != "dbf":
+        assert set(body["predictions"][0]["discount"].values()) == {1.0}
+
+
+def test_named_models(url):
+    out = post(url, {"samples": [zeros_sample(image=1024, text=300)]}, "/v1/models/cub/predict").json()
+    assert out["model"] == "cub" and out["views"] == ["image", "text"]
+    assert (
+        out["predictions"][0]["class_name"] == "Black_footed_Albatross" or out["predictions"][0]["label"] >= 0
+    )
+
+
+BAD = [
+    ({"samples": []}, 400, "'samples' is empty"),
+    ({}, 400, "'samples' must be a list"),
+    ({"samples": [zeros_sample(pix=239)]}, 400, "samples[0].views.pix: expected 240 values, got 239"),
+    ({"samples": [zeros_sample(), {"views": {"nope": [1.0]}}]}, 400, "samples[1].views: unknown view 'nope'"),
+    ({"samples": [{"views": {}}]}, 400, "samples[0] has no views"),
+    ({"samples": [{"pix": [0.0]}]}, 400, "samples[0] must be an object"),
+    (
+        {"samples": [{"views": {"pix": ["a"] * 240}}]},
+        400,
+        "samples[0].views.pix: every value must be a number",
+    ),
+    (
+        {"samples": [{"views": {"pix": [[0.0]] * 240}}]},
+        400,
+        "samples[0].views.pix: every value must be a number",
+    ),
+    ({"samples": [{"views": {"pix": [None] * 240}}]}, 400, "samples[0].views.pix[0]: values must be finite"),
+    ({"samples": [{"views": {"pix": "0.0"}}]}, 400, "samples[0].views.pix: expected a list of 240 numbers"),
+    ({"samples": [zeros_sample()], "method": "dempster"}, 400, "unknown method 'dempster'"),
+    ({"samples": [zeros_sample()], "lambda": 0}, 400, "'lambda' must be a positive finite number"),
+    ({"samples": [zeros_sample()], "lambda": -1.5}, 400, "'lambda' must be a positive finite number"),
+    ({"samples": [zeros_sample()], "lambda": "1"}, 400, "'lambda' must be a positive finite number"),
+    ({"samples": [zeros_sample()], "extra": 1}, 400, "unknown field(s) ['extra']"),
+    ([1, 2], 400, "body must be a JSON object"),
+    ({"samples": [zeros_sample(pix=240)] * 1025}, 413, "1025 samples in one request; at most 1024"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "message"), BAD)
+def test_bad_input_is_a_clear_4xx(url, body, status, message):
+    response = post(url, body)
+    assert response.status_code == status, response.text
+    assert message in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b'{"samples": [{"views": {"mor": [NaN, 1, 1, 1, 1, 1]}}]}', "NaN is not a JSON number"),
+        (
+            b'{"samples": [{"views": {"mor": [1e999, 1, 1, 1, 1, 1]}}]}',
+            "samples[0].views.mor[0]: values must be finite",
+        ),
+        (b'{"samples": [{"views": {"mor": [Infinity, 1, 1, 1, 1, 1]}}]}', "Infinity is not a JSON number"),
+        (b'{"samples": [', "body is not valid JSON"),
+        (b"", "body is not valid JSON"),
+    ],
+)
+def test_non_finite_and_malformed_bodies(url, raw, message):
+    response = post(url, raw)
+    assert response.status_code == 400
+    assert message in response.json()["error"]["message"]
+
+
+def test_errors_are_counted_by_reason(url):
+    before = metric(url, "dbf_errors_total", reason="invalid_input")
+    post(url, {"samples": []})
+    assert metric(url, "dbf_errors_total", reason="invalid_input") == before + 1
+    assert (
+        metric(url, "dbf_model_info", model="handwritten", view="pix", provider="CPUExecutionProvider") == 1
+    )
+
+
+def test_openapi_docs_carry_a_working_example(url):
+    assert httpx.get(url + "/docs").status_code == 200
+    schema = httpx.get(url + "/openapi.json").json()
+    example = schema["components"]["schemas"]["PredictRequest"]["example"]
+    assert {k: len(v) for k, v in example["samples"][0]["views"].items()} == HANDWRITTEN_DIMS
+    assert post(url, example).status_code == 200
+
+
+def _start_and_fail(model_dir: Path) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "service", "--port", str(free_port()), "--model-dir", str(model_dir)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+
+def test_a_tampered_model_stops_the_service_naming_the_file(tmp_path):
+    shutil.copytree(MODELS / "handwritten", tmp_path / "handwritten")
+    head = tmp_path / "handwritten" / "fac.onnx"
+    data = bytearray(head.read_bytes())
+    data[-10] ^= 0xFF
+    head.write_bytes(bytes(data))
+    done = _start_and_fail(tmp_path)
+    assert done.returncode != 0
+    assert "fac.onnx: checksum mismatch" in done.stdout + done.stderr
+
+
+def test_a_missing_or_invalid_model_stops_the_service(tmp_path):
+    shutil.copytree(MODELS / "pie", tmp_path / "pie")
+    (tmp_path / "pie" / "lbp.onnx").unlink()
+    done = _start_and_fail(tmp_path / "pie")  # a single model directory
+    assert done.returncode != 0
+    assert "lbp.onnx: cannot read model file" in done.stdout + done.stderr
+    manifest = json.loads((MODELS / "pie" / "manifest.json").read_text())
+    manifest["views"][0]["dim"] = -1
+    shutil.copy(MODELS / "pie" / "lbp.onnx", tmp_path / "pie" / "lbp.onnx")
+    (tmp_path / "pie" / "manifest.json").write_text(json.dumps(manifest))
+    done = _start_and_fail(tmp_path / "pie")
+    assert done.returncode != 0
+    assert "manifest.json: invalid manifest" in done.stdout + done.stderr
+
+
+def test_a_single_model_directory_is_served(tmp_path):
+    with running_service("--model-dir", str(MODELS / "cub")) as base:
+        assert httpx.get(base + "/ready").json()["models"] == ["cub"]
+        assert post(base, {"samples": [zeros_sample(image=1024, text=300)]}).json()["model"] == "cub"
