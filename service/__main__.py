@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import uvicorn
@@ -24,6 +27,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     # Each worker process builds the app from the environment: hand the command line's choices on.
     os.environ["DBF_MODEL_DIR"] = str(args.model_dir)
+    if args.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        # Separate processes, separate counters: prometheus-client's multiprocess mode adds them up.
+        shared = tempfile.mkdtemp(prefix="dbf-metrics-")
+        atexit.register(shutil.rmtree, shared, ignore_errors=True)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = shared
     uvicorn.run(
         "service.app:app_from_environment",
         factory=True,

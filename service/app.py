@@ -48,7 +48,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(routes.probes)
     app.include_router(routes.models)
     app.include_router(routes.inference)
-    metrics.BUILD.info({"version": _version()})
+    metrics.BUILD.labels(_version()).set(1)
     app.openapi = lambda: _openapi(app)
     return app
 

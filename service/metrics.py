@@ -3,7 +3,9 @@ list, reasons from the error types; nothing per request."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram, Info
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
 _UNIT = tuple(round(0.05 * i, 2) for i in range(1, 21))  # 0.05 .. 1.0
 
@@ -31,12 +33,14 @@ BATCH_SIZE = Histogram(
 )
 REQUEST_SECONDS = Histogram("dbf_request_duration_seconds", "Predict request latency.", ["model"])
 ERRORS = Counter("dbf_errors", "Error responses by reason.", ["reason"])
+# Gauges say how worker processes combine (PROMETHEUS_MULTIPROC_DIR, set by `python -m service --workers N`).
 MODEL_INFO = Gauge(
     "dbf_model_info",
     "Loaded model heads (1) and the execution provider running each.",
     ["model", "view", "provider"],
+    multiprocess_mode="max",
 )
-BUILD = Info("dbf_build", "dbf-serve build information.")
+BUILD = Gauge("dbf_build_info", "dbf-serve build information (1).", ["version"], multiprocess_mode="max")
 
 
 def initialise(models: dict[str, list[str]], methods: tuple[str, ...], reasons: tuple[str, ...]) -> None:
@@ -55,3 +59,12 @@ def initialise(models: dict[str, list[str]], methods: tuple[str, ...], reasons: 
             VIEW_DISCOUNT.labels(model, view)
     for reason in reasons:
         ERRORS.labels(reason=reason)
+
+
+def exposition() -> bytes:
+    """The metrics text: this process's, or every worker's together in multiprocess mode."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry)
+    return generate_latest()

@@ -8,8 +8,9 @@ from typing import Any
 import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
+from service import metrics
 from service.errors import ModelNotFound, NotReady
 from service.repository import LoadedModel, Repository
 from service.runtime import parse, predict
@@ -46,7 +47,7 @@ def ready(request: Request) -> JSONResponse:
 @probes.get("/metrics", response_class=Response)
 def prometheus_metrics() -> Response:
     """Prometheus exposition format."""
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+    return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
 @models.get("")

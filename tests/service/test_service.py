@@ -256,3 +256,14 @@ def test_a_single_model_directory_is_served(tmp_path):
     with running_service("--model-dir", str(MODELS / "cub")) as base:
         assert httpx.get(base + "/ready").json()["models"] == ["cub"]
         assert post(base, {"samples": [zeros_sample(image=1024, text=300)]}).json()["model"] == "cub"
+
+
+def test_metrics_add_up_across_worker_processes():
+    with running_service("--model-dir", str(MODELS / "cub"), "--workers", "2") as base:
+        for _ in range(12):  # a new connection each time: both workers serve some
+            assert (
+                httpx.post(base + "/predict", json={"samples": [zeros_sample(text=300)] * 2}).status_code
+                == 200
+            )
+        assert metric(base, "dbf_predictions_total", model="cub", method="dbf") == 24
+        assert metric(base, "dbf_model_info", model="cub", view="text", provider="CPUExecutionProvider") == 1
