@@ -62,11 +62,7 @@ def _uncertainty_distributions(samples: Sequence[tuple[dict, np.ndarray, np.ndar
             conflict = np.concatenate([c for _, c in picked])
             _histograms(axes[row][col], normal, conflict, f"{dataset} {method.upper()}")
     axes[0][0].legend(fontsize=7)
-    figure.supxlabel("fused uncertainty")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return _save(figure, path, xlabel="fused uncertainty")
 
 
 def _view_uncertainty(results: Sequence[dict], path: Path) -> Path:
@@ -81,10 +77,7 @@ def _view_uncertainty(results: Sequence[dict], path: Path) -> Path:
         axis.set_ylim(0, 1)
         axis.set_title(dataset, fontsize=9)
     axes[0][0].set_ylabel("mean view uncertainty")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return _save(figure, path)
 
 
 def _lambda_sweep(
@@ -102,7 +95,14 @@ def _lambda_sweep(
             f"λ = {lam:g}",
         )
     axes[0][0].legend(fontsize=7)
-    figure.supxlabel("fused uncertainty (DBF)")
+    return _save(figure, path, xlabel="fused uncertainty (DBF)")
+
+
+def _save(figure, path: Path, *, xlabel: str | None = None) -> Path:
+    import matplotlib.pyplot as plt
+
+    if xlabel:
+        figure.supxlabel(xlabel)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
