@@ -22,6 +22,7 @@ log = logging.getLogger("dbf.app")
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
+    _configure_logging(settings.log_level)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -30,13 +31,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         except ModelLoadError as error:
             # Like Triton on a load error: log the file at fault and refuse to start (uvicorn exits non-zero).
             log.error("model repository failed to load: %s", error)
-            raise
+            raise SystemExit(1) from None
         loaded = app.state.repository.models.values()
         for model in loaded:
             for view, provider in model.providers.items():
                 metrics.MODEL_INFO.labels(model.name, view, provider).set(1)
-        reasons = tuple(error.type for error in errors.ServiceError.__subclasses__())
-        metrics.initialise({m.name: [v.name for v in m.manifest.views] for m in loaded}, METHODS, reasons)
+        metrics.initialise(
+            {m.name: [v.name for v in m.manifest.views] for m in loaded}, METHODS, errors.REASONS
+        )
         yield
 
     app = FastAPI(title="dbf-serve", version=_version(), lifespan=lifespan)
@@ -90,6 +92,17 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     }
     app.openapi_schema = schema
     return schema
+
+
+def _configure_logging(level: str) -> None:
+    """The service's own loggers (``dbf.*``) beside uvicorn's, in the same style."""
+    logger = logging.getLogger("dbf")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+    logger.setLevel(level.upper())
 
 
 def _version() -> str:

@@ -85,11 +85,18 @@ def _checked(response: httpx.Response) -> Any:
         raise DBFError(response.status_code, "http_error", response.text) from None
 
 
+_PREDICTION_FIELDS = set(Prediction.__dataclass_fields__) - {"views"}
+
+
 def _result(payload: dict[str, Any]) -> PredictResult:
+    # Fields the service adds later are ignored: an older client keeps working.
     predictions = [
         Prediction(
-            **{k: v for k, v in p.items() if k != "views"},
-            views={name: ViewOpinion(**opinion) for name, opinion in p["views"].items()},
+            **{k: v for k, v in p.items() if k in _PREDICTION_FIELDS},
+            views={
+                name: ViewOpinion(belief=o["belief"], uncertainty=o["uncertainty"])
+                for name, o in p["views"].items()
+            },
         )
         for p in payload["predictions"]
     ]

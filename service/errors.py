@@ -3,12 +3,29 @@
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from service import metrics
+
+log = logging.getLogger("dbf.errors")
+
+# Every reason an error response can carry (metric series are created for each at start-up).
+REASONS = (
+    "invalid_input",
+    "payload_too_large",
+    "unsupported_media_type",
+    "model_not_found",
+    "not_ready",
+    "not_found",
+    "method_not_allowed",
+    "http_error",
+    "internal_error",
+)
 
 
 class ServiceError(Exception):
@@ -26,6 +43,10 @@ class InvalidInput(ServiceError):
 
 class PayloadTooLarge(ServiceError):
     status, type = 413, "payload_too_large"
+
+
+class UnsupportedMediaType(ServiceError):
+    status, type = 415, "unsupported_media_type"
 
 
 class ModelNotFound(ServiceError):
@@ -53,6 +74,12 @@ def install(app: FastAPI) -> None:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first.get("loc", ()))
         return error_response(400, "invalid_input", f"{where}: {first.get('msg', 'invalid')}")
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, error: Exception) -> JSONResponse:
+        # A bug, never an input's fault: log it once with its traceback, count it, answer in the one format.
+        log.exception("unexpected error")
+        return error_response(500, "internal_error", "internal error; see the service log")
 
     @app.exception_handler(HTTPException)
     async def _http(_: Request, error: HTTPException) -> JSONResponse:

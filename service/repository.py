@@ -55,21 +55,28 @@ def find_manifests(model_dir: Path) -> list[Path]:
     return sorted(model_dir.glob("*/manifest.json"))
 
 
-def read_manifest(path: Path) -> Manifest:
-    """Validate ``path`` against the schema and every head file against its SHA-256."""
+def read_manifest(path: Path) -> tuple[Manifest, dict[str, bytes]]:
+    """Validate ``path`` against the schema and every head file against its SHA-256.
+
+    Returns the manifest and the verified bytes per view: sessions are built from these very bytes, so a
+    file changed after the check is never loaded.
+    """
     try:
         manifest = Manifest.model_validate_json(path.read_bytes())
     except (OSError, ValidationError, ValueError) as error:
         raise ModelLoadError(f"{path}: invalid manifest: {error}") from error
+    verified = {}
     for view in manifest.views:
         file = path.parent / view.file
         try:
-            digest = hashlib.sha256(file.read_bytes()).hexdigest()
+            content = file.read_bytes()
         except OSError as error:
             raise ModelLoadError(f"{file}: cannot read model file ({error.strerror})") from error
+        digest = hashlib.sha256(content).hexdigest()
         if digest != view.sha256:
             raise ModelLoadError(f"{file}: checksum mismatch (manifest {view.sha256}, file {digest})")
-    return manifest
+        verified[view.name] = content
+    return manifest, verified
 
 
 def load_repository(settings: Settings) -> Repository:
@@ -79,20 +86,21 @@ def load_repository(settings: Settings) -> Repository:
         raise ModelLoadError(
             f"{settings.model_dir}: no manifest.json (neither a model nor a repository of them)"
         )
-    manifests = [(path, read_manifest(path)) for path in paths]  # verify everything before loading anything
-    use_cuda = _cuda_usable(manifests[0][0].parent / manifests[0][1].views[0].file)
+    manifests = [(path, *read_manifest(path)) for path in paths]  # verify everything before loading anything
+    _, first_manifest, first_bytes = manifests[0]
+    use_cuda = _cuda_usable(first_bytes[first_manifest.views[0].name])
     if settings.require_gpu and not use_cuda:
         raise ModelLoadError(
             "DBF_REQUIRE_GPU is set but CUDA cannot run the heads (onnxruntime fell back to CPU)"
         )
     models: dict[str, LoadedModel] = {}
-    for path, manifest in manifests:
+    for path, manifest, verified in manifests:
         if manifest.name in models:
             raise ModelLoadError(f"{path}: model name {manifest.name!r} is used twice")
         sessions, providers = {}, {}
         for view in manifest.views:
             file = path.parent / view.file
-            session = _session(file, settings, use_cuda)
+            session = _session(file, verified[view.name], settings, use_cuda)
             _check_signature(session, file, view.dim, len(manifest.classes))
             sessions[view.name] = session
             providers[view.name] = session.get_providers()[0]
@@ -113,22 +121,22 @@ def _options(settings: Settings) -> onnxruntime.SessionOptions:
     return options
 
 
-def _session(file: Path, settings: Settings, use_cuda: bool) -> onnxruntime.InferenceSession:
+def _session(file: Path, content: bytes, settings: Settings, use_cuda: bool) -> onnxruntime.InferenceSession:
     providers = [CUDA, CPU] if use_cuda else [CPU]
     try:
-        return onnxruntime.InferenceSession(str(file), _options(settings), providers=providers)
+        return onnxruntime.InferenceSession(content, _options(settings), providers=providers)
     except Exception as error:  # onnxruntime raises its own exception types for unloadable graphs
         raise ModelLoadError(f"{file}: onnxruntime cannot load it: {error}") from error
 
 
-def _cuda_usable(probe: Path) -> bool:
+def _cuda_usable(probe: bytes) -> bool:
     """Whether CUDA really runs a session, found out once: onnxruntime falls back to CPU silently when the
     CUDA or cuDNN libraries are missing, logging an error for every session that asked for CUDA."""
     if CUDA not in onnxruntime.get_available_providers():
         return False
     onnxruntime.set_default_logger_severity(4)  # the probe's fallback error is expected: keep it quiet
     try:
-        session = onnxruntime.InferenceSession(str(probe), providers=[CUDA, CPU])
+        session = onnxruntime.InferenceSession(probe, providers=[CUDA, CPU])
         usable = session.get_providers()[0] == CUDA
     except Exception:
         usable = False
@@ -139,7 +147,13 @@ def _cuda_usable(probe: Path) -> bool:
 
 
 def _check_signature(session: onnxruntime.InferenceSession, file: Path, dim: int, classes: int) -> None:
-    [inp], [out] = session.get_inputs(), session.get_outputs()
+    inputs, outputs = session.get_inputs(), session.get_outputs()
+    if [i.name for i in inputs] != ["features"] or [o.name for o in outputs] != ["evidence"]:
+        raise ModelLoadError(
+            f"{file}: takes {[i.name for i in inputs]} and gives {[o.name for o in outputs]}; "
+            "a head takes one input 'features' and gives one output 'evidence'"
+        )
+    [inp], [out] = inputs, outputs
     if inp.type != "tensor(float)" or len(inp.shape) != 2 or inp.shape[1] != dim:
         raise ModelLoadError(f"{file}: input is {inp.type} {inp.shape}, manifest says float32 (N, {dim})")
     if len(out.shape) != 2 or out.shape[1] != classes:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,17 +20,23 @@ from service.errors import InvalidInput, PayloadTooLarge
 from service.repository import LoadedModel
 
 
+@dataclass(frozen=True)
 class Batch:
     """A validated request: features per view ``(N, dim)`` (zeros where missing), presence ``(N, V)``."""
 
-    def __init__(self, features: dict[str, np.ndarray], present: np.ndarray, method: str, lam: float) -> None:
-        self.features, self.present, self.method, self.lam = features, present, method, lam
+    features: dict[str, np.ndarray]
+    present: np.ndarray
+    method: str
+    lam: float
 
 
 def parse(body: bytes, model: LoadedModel, *, max_samples: int) -> Batch:
     """Validate a request body against ``model``'s views (:class:`InvalidInput`, :class:`PayloadTooLarge`)."""
     try:
-        payload = json.loads(body, parse_constant=_reject_constant)
+        # Integers as floats (a 400-digit integer becomes inf, then is refused); duplicate keys refused.
+        payload = json.loads(
+            body, parse_constant=_reject_constant, parse_int=float, object_pairs_hook=_no_duplicates
+        )
     except (ValueError, RecursionError) as error:
         raise InvalidInput(f"body is not valid JSON: {error}") from None
     if not isinstance(payload, dict):
@@ -72,7 +78,6 @@ def parse(body: bytes, model: LoadedModel, *, max_samples: int) -> Batch:
 
 def predict(model: LoadedModel, batch: Batch) -> dict[str, Any]:
     """Run the heads on the rows that carry each view, fuse, flag, and build the response."""
-    started = time.perf_counter()
     manifest = model.manifest
     n, k = batch.present.shape[0], len(manifest.classes)
     evidence = np.zeros((n, len(manifest.views), k), dtype=np.float32)
@@ -81,16 +86,34 @@ def predict(model: LoadedModel, batch: Batch) -> dict[str, Any]:
         if rows.any():
             features = batch.features[view.name] if rows.all() else batch.features[view.name][rows]
             evidence[rows, v] = model.sessions[view.name].run(["evidence"], {"features": features})[0]
+    finite = np.isfinite(evidence).all(-1)
+    if not finite.all():  # features in float32's range can still overflow a head (inf - inf in its matmul)
+        i, v = map(int, np.argwhere(~finite)[0])
+        name = manifest.views[v].name
+        raise InvalidInput(
+            f"samples[{i}].views.{name}: features too large for the model (its evidence overflows)"
+        )
     opinions = opinion_from_evidence(evidence)
     fused = fuse(opinions, batch.method, lam=batch.lam, mask=batch.present)
     flag = manifest.conflict_flag
-    max_conflict = fused.conflict.max(axis=(-1, -2))
-    score = fused.uncertainty if flag.score == "uncertainty" else max_conflict
+    max_conflict = fused.conflict.max(axis=(-1, -2))  # the same for every method and lambda
+    if flag.score == "uncertainty":
+        # The threshold was calibrated on the manifest's fusion: judge every request by that, whatever
+        # fusion the client asked for, so the flag keeps its false-positive rate.
+        calibrated = (manifest.fusion.method, manifest.fusion.lam) == (batch.method, batch.lam)
+        reference = (
+            fused
+            if calibrated
+            else fuse(opinions, manifest.fusion.method, lam=manifest.fusion.lam, mask=batch.present)
+        )
+        score = reference.uncertainty
+    else:
+        score = max_conflict
     flagged = score >= flag.threshold
     # The view most to blame: the one in most conflict with the others (for DBF, the most discounted).
     blame = np.where(batch.present, fused.conflict.sum(-1), -1.0).argmax(-1)
     predictions = _predictions(model, batch, opinions, fused, flagged, blame)
-    _record(model, batch, fused, max_conflict, flagged, blame, time.perf_counter() - started)
+    _record(model, batch, fused, max_conflict, flagged, blame)
     return {
         "model": manifest.name,
         "method": batch.method,
@@ -139,13 +162,12 @@ def _predictions(model, batch, opinions, fused, flagged, blame) -> list[dict[str
     return out
 
 
-def _record(model, batch, fused, max_conflict, flagged, blame, seconds: float) -> None:
+def _record(model, batch, fused, max_conflict, flagged, blame) -> None:
     name, method = model.manifest.name, batch.method
     n = len(flagged)
     metrics.PREDICTIONS.labels(name, method).inc(n)
     metrics.HIGH_CONFLICT.labels(name, method).inc(int(flagged.sum()))
     metrics.BATCH_SIZE.labels(name).observe(n)
-    metrics.REQUEST_SECONDS.labels(name).observe(seconds)
     uncertainty, conflict = (
         metrics.UNCERTAINTY.labels(name, method),
         metrics.MAX_CONFLICT.labels(name, method),
@@ -167,7 +189,7 @@ def _fusion_options(payload: dict, model: LoadedModel) -> tuple[str, float]:
     if method not in METHODS:
         raise InvalidInput(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
     lam = payload.get("lambda", model.manifest.fusion.lam)
-    if isinstance(lam, bool) or not isinstance(lam, int | float) or not math.isfinite(lam) or lam <= 0:
+    if type(lam) is not float or not math.isfinite(lam) or lam <= 0:
         raise InvalidInput(f"'lambda' must be a positive finite number, got {lam!r}")
     return method, float(lam)
 
@@ -177,13 +199,14 @@ def _vector(values: Any, dim: int, where: str) -> np.ndarray:
         raise InvalidInput(f"{where}: expected a list of {dim} numbers, got {type(values).__name__}")
     if len(values) != dim:
         raise InvalidInput(f"{where}: expected {dim} values, got {len(values)}")
-    try:
-        array = np.asarray(values, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise InvalidInput(f"{where}: every value must be a number") from None
-    if array.ndim != 1:
-        raise InvalidInput(f"{where}: every value must be a number, not a list")
-    if not np.isfinite(array).all():  # null arrives as NaN, 1e999 as infinity
+    # JSON numbers all arrive as float (parse_int=float): anything else (true, "1.5", null, [..]) is refused,
+    # where numpy would quietly convert booleans and numeric strings.
+    kinds = set(map(type, values))
+    if kinds != {float}:
+        odd = next(i for i, x in enumerate(values) if type(x) is not float)
+        raise InvalidInput(f"{where}[{odd}]: every value must be a number, got {values[odd]!r}")
+    array = np.asarray(values, dtype=np.float64)
+    if not np.isfinite(array).all():  # 1e999 and huge integers arrive as infinity
         bad = int(np.flatnonzero(~np.isfinite(array))[0])
         raise InvalidInput(f"{where}[{bad}]: values must be finite numbers, got {values[bad]!r}")
     if np.abs(array).max(initial=0) > np.finfo(np.float32).max:
@@ -193,3 +216,10 @@ def _vector(values: Any, dim: int, where: str) -> np.ndarray:
 
 def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not a JSON number")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"duplicate key(s) {sorted({k for k in keys if keys.count(k) > 1})}")
+    return dict(pairs)

@@ -20,6 +20,10 @@ class Settings(BaseSettings):
     model_dir: Path = Path("models")
     default_model: str = "handwritten"
     max_samples: int = Field(default=1024, ge=1, description="samples per request; more is a 413")
+    # 1024 HandWritten samples as JSON take ~13 MB: the default leaves room for that and refuses more early.
+    max_body_bytes: int = Field(
+        default=32 * 1024 * 1024, ge=1, description="request body size; more is a 413"
+    )
     require_gpu: bool = Field(default=False, description="refuse to start unless CUDA really runs the heads")
     # Each view's onnxruntime session gets one thread and no spinning: the heads are small matrix products,
     # a request runs its views one after another in one worker thread, and concurrency comes from running

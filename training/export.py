@@ -284,9 +284,14 @@ def export(
         )
         (staging / "manifest.json").write_text(manifest.json_text())
         staging.chmod(0o755)  # mkdtemp's 0700 would make the model private to its writer
-        if out.exists():
-            shutil.rmtree(out)
-        staging.rename(out)
+        if out.exists():  # two renames: the old model is in place until the new one takes its name
+            retired = out.with_name(f".{out.name}.retired")
+            shutil.rmtree(retired, ignore_errors=True)
+            out.rename(retired)
+            staging.rename(out)
+            shutil.rmtree(retired)
+        else:
+            staging.rename(out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -159,14 +160,18 @@ BAD = [
     (
         {"samples": [{"views": {"pix": ["a"] * 240}}]},
         400,
-        "samples[0].views.pix: every value must be a number",
+        "samples[0].views.pix[0]: every value must be a number, got 'a'",
     ),
     (
         {"samples": [{"views": {"pix": [[0.0]] * 240}}]},
         400,
-        "samples[0].views.pix: every value must be a number",
+        "samples[0].views.pix[0]: every value must be a number, got [0.0]",
     ),
-    ({"samples": [{"views": {"pix": [None] * 240}}]}, 400, "samples[0].views.pix[0]: values must be finite"),
+    (
+        {"samples": [{"views": {"pix": [None] * 240}}]},
+        400,
+        "samples[0].views.pix[0]: every value must be a number, got None",
+    ),
     ({"samples": [{"views": {"pix": "0.0"}}]}, 400, "samples[0].views.pix: expected a list of 240 numbers"),
     ({"samples": [zeros_sample()], "method": "dempster"}, 400, "unknown method 'dempster'"),
     ({"samples": [zeros_sample()], "lambda": 0}, 400, "'lambda' must be a positive finite number"),
@@ -267,3 +272,145 @@ def test_metrics_add_up_across_worker_processes():
             )
         assert metric(base, "dbf_predictions_total", model="cub", method="dbf") == 24
         assert metric(base, "dbf_model_info", model="cub", view="text", provider="CPUExecutionProvider") == 1
+
+
+# --- what a hostile or careless client sends (found in review) -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            {"samples": [{"views": {"fou": [1e38] * 76}}]},
+            "samples[0].views.fou: features too large for the model",
+        ),
+        (
+            {"samples": [{"views": {"mor": [True, 0, 0, 0, 0, False]}}]},
+            "samples[0].views.mor[0]: every value must be a number, got True",
+        ),
+        (
+            {"samples": [{"views": {"mor": [0.5, "1.5", 0, 0, 0, 0]}}]},
+            "samples[0].views.mor[1]: every value must be a number, got '1.5'",
+        ),
+        (
+            {"samples": [{"views": {"mor": [0.5, None, 0, 0, 0, 0]}}]},
+            "samples[0].views.mor[1]: every value must be a number, got None",
+        ),
+        ({"samples": [zeros_sample()], "lambda": True}, "'lambda' must be a positive finite number"),
+    ],
+)
+def test_values_that_numpy_would_take_are_refused(url, body, message):
+    response = post(url, body)
+    assert response.status_code == 400, response.text
+    assert message in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (
+            b'{"samples": [{"views": {"mor": [' + b"9" * 400 + b", 1, 1, 1, 1, 1]}}]}",
+            "samples[0].views.mor[0]: values must be finite",
+        ),
+        (
+            b'{"samples": [{"views": {"mor": [1, 1, 1, 1, 1, 1]}}], "lambda": ' + b"9" * 400 + b"}",
+            "'lambda' must be a positive finite number",
+        ),
+        (
+            b'{"samples": [], "samples": [{"views": {"mor": [1, 1, 1, 1, 1, 1]}}]}',
+            "duplicate key(s) ['samples']",
+        ),
+    ],
+)
+def test_huge_integers_and_duplicate_keys(url, raw, message):
+    response = post(url, raw)
+    assert response.status_code == 400, response.text
+    assert message in response.json()["error"]["message"]
+
+
+def test_only_json_bodies_and_not_too_large(url):
+    as_text = httpx.post(url + "/predict", content=b"{}", headers={"content-type": "text/plain"})
+    assert as_text.status_code == 415
+    assert "application/json" in as_text.json()["error"]["message"]
+    # A client announcing 64 MiB is refused on the header alone, before any body arrives.
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(
+            b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 67108864\r\n\r\n"
+        )
+        status_line = conn.recv(4096).split(b"\r\n", 1)[0]
+    assert b" 413 " in status_line
+
+
+def test_errors_of_every_kind_are_counted(url):
+    for reason in (
+        "invalid_input",
+        "payload_too_large",
+        "unsupported_media_type",
+        "not_found",
+        "internal_error",
+    ):
+        assert metric(url, "dbf_errors_total", reason=reason) >= 0  # every series exists from the start
+    before = metric(url, "dbf_errors_total", reason="not_found")
+    assert httpx.get(url + "/no/such/path").status_code == 404
+    assert metric(url, "dbf_errors_total", reason="not_found") == before + 1
+
+
+def test_a_tampered_model_stops_every_worker_count(tmp_path):
+    shutil.copytree(MODELS / "cub", tmp_path / "cub")
+    head = tmp_path / "cub" / "text.onnx"
+    head.write_bytes(head.read_bytes()[:-1] + b"\0")
+    command = [
+        sys.executable,
+        "-m",
+        "service",
+        "--port",
+        str(free_port()),
+        "--model-dir",
+        str(tmp_path / "cub"),
+        "--workers",
+        "2",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "text.onnx: checksum mismatch" in done.stderr
+
+
+def test_a_head_with_the_wrong_signature_is_refused(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    shutil.copytree(MODELS / "cub", tmp_path / "cub")
+    graph = onnx.load(str(tmp_path / "cub" / "text.onnx"))
+    graph.graph.input[0].name = "x"
+    for node in graph.graph.node:
+        node.input[:] = ["x" if name == "features" else name for name in node.input]
+    content = graph.SerializeToString()
+    (tmp_path / "cub" / "text.onnx").write_bytes(content)
+    manifest = json.loads((tmp_path / "cub" / "manifest.json").read_text())
+    manifest["views"][1]["sha256"] = __import__("hashlib").sha256(content).hexdigest()
+    (tmp_path / "cub" / "manifest.json").write_text(json.dumps(manifest))
+    done = _start_and_fail(tmp_path / "cub")
+    assert done.returncode != 0
+    assert "text.onnx: takes ['x']" in done.stderr
+
+
+@pytest.mark.data
+def test_the_flag_is_the_calibrated_one_whatever_fusion_is_asked_for(url, data_dir):
+    """CUB flags on fused uncertainty, calibrated for DBF (lambda 1): other fusions must not change the flag
+    (BCF, for one, is confident exactly where views conflict)."""
+    data = load("cub", data_dir)
+    rng = np.random.default_rng(0)
+    samples = []  # clean samples, and their copies with the text of a sample of class y + 1
+    for i in rng.choice(len(data.labels), size=300, replace=False):
+        donor = rng.choice(np.flatnonzero(data.labels == (data.labels[i] + 1) % 10))
+        for text in (i, donor):
+            views = {"image": data.views["image"][i].tolist(), "text": data.views["text"][text].tolist()}
+            samples.append({"views": views})
+    assert httpx.get(url + "/v1/models/cub").json()["conflict_flag"]["score"] == "uncertainty"
+    dbf = post(url, {"samples": samples}, "/v1/models/cub/predict").json()["predictions"]
+    expected = [p["high_conflict"] for p in dbf]
+    assert any(expected) and not all(expected)
+    for method in ("bcf", "cbf", "baf", "gbaf"):
+        body = {"samples": samples, "method": method, "lambda": 5.0}
+        got = post(url, body, "/v1/models/cub/predict").json()["predictions"]
+        assert [p["high_conflict"] for p in got] == expected
