@@ -51,3 +51,11 @@ def running_service(*args: str, env: dict[str, str] | None = None, timeout: floa
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def start_and_fail(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m service ARGS`` on a free port, expecting it to refuse to start; returns the process."""
+    command = [sys.executable, "-m", "service", "--port", str(free_port()), *args]
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})}
+    )

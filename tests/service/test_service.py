@@ -5,15 +5,13 @@ from __future__ import annotations
 import json
 import shutil
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
-from tests.service.conftest import free_port, running_service
+from tests.service.conftest import running_service, start_and_fail
 from training.data import load
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -226,18 +224,13 @@ def test_openapi_docs_carry_a_working_example(url):
     assert post(url, example).status_code == 200
 
 
-def _start_and_fail(model_dir: Path) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "service", "--port", str(free_port()), "--model-dir", str(model_dir)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60)
-
-
 def test_a_tampered_model_stops_the_service_naming_the_file(tmp_path):
     shutil.copytree(MODELS / "handwritten", tmp_path / "handwritten")
     head = tmp_path / "handwritten" / "fac.onnx"
     data = bytearray(head.read_bytes())
     data[-10] ^= 0xFF
     head.write_bytes(bytes(data))
-    done = _start_and_fail(tmp_path)
+    done = start_and_fail("--model-dir", str(tmp_path))
     assert done.returncode != 0
     assert "fac.onnx: checksum mismatch" in done.stdout + done.stderr
 
@@ -245,14 +238,14 @@ def test_a_tampered_model_stops_the_service_naming_the_file(tmp_path):
 def test_a_missing_or_invalid_model_stops_the_service(tmp_path):
     shutil.copytree(MODELS / "pie", tmp_path / "pie")
     (tmp_path / "pie" / "lbp.onnx").unlink()
-    done = _start_and_fail(tmp_path / "pie")  # a single model directory
+    done = start_and_fail("--model-dir", str(tmp_path / "pie"))  # a single model directory
     assert done.returncode != 0
     assert "lbp.onnx: cannot read model file" in done.stdout + done.stderr
     manifest = json.loads((MODELS / "pie" / "manifest.json").read_text())
     manifest["views"][0]["dim"] = -1
     shutil.copy(MODELS / "pie" / "lbp.onnx", tmp_path / "pie" / "lbp.onnx")
     (tmp_path / "pie" / "manifest.json").write_text(json.dumps(manifest))
-    done = _start_and_fail(tmp_path / "pie")
+    done = start_and_fail("--model-dir", str(tmp_path / "pie"))
     assert done.returncode != 0
     assert "manifest.json: invalid manifest" in done.stdout + done.stderr
 
@@ -361,18 +354,7 @@ def test_a_tampered_model_stops_every_worker_count(tmp_path):
     shutil.copytree(MODELS / "cub", tmp_path / "cub")
     head = tmp_path / "cub" / "text.onnx"
     head.write_bytes(head.read_bytes()[:-1] + b"\0")
-    command = [
-        sys.executable,
-        "-m",
-        "service",
-        "--port",
-        str(free_port()),
-        "--model-dir",
-        str(tmp_path / "cub"),
-        "--workers",
-        "2",
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    done = start_and_fail("--model-dir", str(tmp_path / "cub"), "--workers", "2")
     assert done.returncode != 0
     assert "text.onnx: checksum mismatch" in done.stderr
 
@@ -389,7 +371,7 @@ def test_a_head_with_the_wrong_signature_is_refused(tmp_path):
     manifest = json.loads((tmp_path / "cub" / "manifest.json").read_text())
     manifest["views"][1]["sha256"] = __import__("hashlib").sha256(content).hexdigest()
     (tmp_path / "cub" / "manifest.json").write_text(json.dumps(manifest))
-    done = _start_and_fail(tmp_path / "cub")
+    done = start_and_fail("--model-dir", str(tmp_path / "cub"))
     assert done.returncode != 0
     assert "text.onnx: takes ['x']" in done.stderr
 
