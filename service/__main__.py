@@ -29,13 +29,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     # Each worker process builds the app from the environment: hand the command line's choices on.
     os.environ["DBF_MODEL_DIR"] = str(args.model_dir)
-    # Verify and load once here: with several workers uvicorn's supervisor would swallow a worker's load
-    # failure and exit 0. A bad model stops the service, naming the file, with a non-zero status.
-    try:
-        load_repository(Settings())
-    except ModelLoadError as error:
-        print(f"error: model repository failed to load: {error}", file=sys.stderr)
-        sys.exit(1)
+    if args.workers > 1:
+        # uvicorn's supervisor would swallow a worker's load failure and exit 0: verify and load once here
+        # first. (A single worker's failure already stops uvicorn with a non-zero status.)
+        try:
+            load_repository(Settings())
+        except ModelLoadError as error:
+            print(f"error: model repository failed to load: {error}", file=sys.stderr)
+            sys.exit(1)
     if args.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         # Separate processes, separate counters: prometheus-client's multiprocess mode adds them up.
         shared = tempfile.mkdtemp(prefix="dbf-metrics-")
