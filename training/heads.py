@@ -32,6 +32,11 @@ def capped_exp(x: torch.Tensor) -> torch.Tensor:
     return torch.exp(_LOG_CAP - nn.functional.softplus(_LOG_CAP - x))
 
 
+def evidence_activation(logits: torch.Tensor, activation: Activation) -> torch.Tensor:
+    """Non-negative evidence from a head's last linear layer: the capped exponential or softplus."""
+    return capped_exp(logits) if activation == "exp" else nn.functional.softplus(logits)
+
+
 class ViewHead(nn.Module):
     """One view's evidential classifier: ``(N, dim)`` features to ``(N, K)`` evidence >= 0.
 
@@ -67,8 +72,7 @@ class ViewHead(nn.Module):
         self.activation = activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self.net(x)
-        return capped_exp(logits) if self.activation == "exp" else nn.functional.softplus(logits)
+        return evidence_activation(self.net(x), self.activation)
 
 
 class EvidentialHeads(nn.Module):

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from fusion import Method
-from training.heads import Activation, EvidentialHeads, capped_exp
+from training.heads import Activation, EvidentialHeads, evidence_activation
 from training.loss import annealing_coefficient, total_loss
 
 
@@ -203,7 +203,7 @@ class _StackedHeads(nn.Module):
                 x = layer(x)
                 if i < len(layers) - 1:
                     x = torch.relu(x)
-            out.append(capped_exp(x) if self.activation == "exp" else nn.functional.softplus(x))
+            out.append(evidence_activation(x, self.activation))
         return torch.stack(out, dim=-2)
 
     def unstack(self, members: Sequence[EvidentialHeads]) -> list[EvidentialHeads]:
