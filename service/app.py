@@ -37,7 +37,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             for view, provider in model.providers.items():
                 metrics.MODEL_INFO.labels(model.name, view, provider).set(1)
         metrics.initialise(
-            {m.name: [v.name for v in m.manifest.views] for m in loaded}, METHODS, errors.REASONS
+            {m.name: [v.name for v in m.manifest.views] for m in loaded},
+            METHODS,
+            errors.REASONS,
+            {m.name: m.manifest.conflict_flag.target_false_positive_rate for m in loaded},
         )
         yield
 

@@ -40,14 +40,29 @@ MODEL_INFO = Gauge(
     ["model", "view", "provider"],
     multiprocess_mode="max",
 )
+FLAG_CLEAN_RATE = Gauge(
+    "dbf_flag_clean_rate",
+    "Share of clean samples the calibrated high-conflict flag raises (the manifest's target false-positive "
+    "rate): the baseline that alert thresholds are multiples of.",
+    ["model"],
+    multiprocess_mode="max",
+)
 BUILD = Gauge("dbf_build_info", "dbf-serve build information (1).", ["version"], multiprocess_mode="max")
 
 
-def initialise(models: dict[str, list[str]], methods: tuple[str, ...], reasons: tuple[str, ...]) -> None:
+def initialise(
+    models: dict[str, list[str]],
+    methods: tuple[str, ...],
+    reasons: tuple[str, ...],
+    flag_clean_rates: dict[str, float],
+) -> None:
     """Create every series at zero, so rates and alerts see 0 rather than nothing before the first event.
 
-    ``models`` maps each model to its view names.
+    ``models`` maps each model to its view names; ``flag_clean_rates`` each model to its flag's calibrated
+    false-positive rate.
     """
+    for model, rate in flag_clean_rates.items():
+        FLAG_CLEAN_RATE.labels(model).set(rate)
     for model, views in models.items():
         BATCH_SIZE.labels(model)
         REQUEST_SECONDS.labels(model)

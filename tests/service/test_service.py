@@ -216,6 +216,12 @@ def test_errors_are_counted_by_reason(url):
     )
 
 
+def test_the_flag_baseline_comes_from_the_manifest(url):
+    manifest = json.loads((MODELS / "handwritten" / "manifest.json").read_text())
+    expected = manifest["conflict_flag"]["target_false_positive_rate"]
+    assert metric(url, "dbf_flag_clean_rate", model="handwritten") == expected
+
+
 def test_openapi_docs_carry_a_working_example(url):
     assert httpx.get(url + "/docs").status_code == 200
     schema = httpx.get(url + "/openapi.json").json()
