@@ -14,7 +14,9 @@ from fastapi.openapi.utils import get_openapi
 
 from fusion import METHODS
 from service import errors, metrics, routes
+from service.batching import MicroBatcher
 from service.repository import ModelLoadError, load_repository
+from service.runtime import predict
 from service.settings import Settings
 
 log = logging.getLogger("dbf.app")
@@ -49,6 +51,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.repository = None
     app.state.load_error = "models are loading"
     app.state.inference_limiter = anyio.CapacityLimiter(settings.inference_threads)
+    app.state.in_flight = 0
+    app.state.batcher = (
+        MicroBatcher(
+            predict,
+            app.state.inference_limiter,
+            max_samples=settings.batch_max_samples,
+            max_delay=settings.batch_max_delay_ms / 1000,
+        )
+        if settings.batching
+        else None
+    )
     errors.install(app)
     app.include_router(routes.probes)
     app.include_router(routes.models)

@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from service import metrics
 
@@ -21,9 +22,12 @@ REASONS = (
     "unsupported_media_type",
     "model_not_found",
     "not_ready",
+    "overloaded",
+    "unauthorized",
     "not_found",
     "method_not_allowed",
     "http_error",
+    "client_disconnected",
     "internal_error",
 )
 
@@ -32,9 +36,10 @@ class ServiceError(Exception):
     status = 500
     type = "internal_error"
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.headers = headers
 
 
 class InvalidInput(ServiceError):
@@ -57,9 +62,21 @@ class NotReady(ServiceError):
     status, type = 503, "not_ready"
 
 
-def error_response(status: int, type_: str, message: str) -> JSONResponse:
+class Overloaded(ServiceError):
+    """Load shedding: more requests in flight than the service takes; the client should retry later."""
+
+    status, type = 503, "overloaded"
+
+
+class Unauthorized(ServiceError):
+    status, type = 401, "unauthorized"
+
+
+def error_response(
+    status: int, type_: str, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
     metrics.ERRORS.labels(reason=type_).inc()
-    return JSONResponse({"error": {"type": type_, "message": message}}, status_code=status)
+    return JSONResponse({"error": {"type": type_, "message": message}}, status_code=status, headers=headers)
 
 
 def install(app: FastAPI) -> None:
@@ -67,13 +84,19 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(ServiceError)
     async def _domain(_: Request, error: ServiceError) -> JSONResponse:
-        return error_response(error.status, error.type, error.message)
+        return error_response(error.status, error.type, error.message, error.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, error: RequestValidationError) -> JSONResponse:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first.get("loc", ()))
         return error_response(400, "invalid_input", f"{where}: {first.get('msg', 'invalid')}")
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(_: Request, error: ClientDisconnect) -> JSONResponse:
+        # The client left before sending its whole body: nobody reads this answer (499, as nginx logs it),
+        # but it is counted, and it is no bug of ours.
+        return error_response(499, "client_disconnected", "client disconnected before sending the body")
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, error: Exception) -> JSONResponse:

@@ -4,7 +4,10 @@ list, reasons from the error types; nothing per request."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from functools import lru_cache
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
 _UNIT = tuple(round(0.05 * i, 2) for i in range(1, 21))  # 0.05 .. 1.0
@@ -74,6 +77,56 @@ def initialise(
             VIEW_DISCOUNT.labels(model, view)
     for reason in reasons:
         ERRORS.labels(reason=reason)
+
+
+@dataclass(frozen=True)
+class ViewChildren:
+    discount: Histogram
+    flagged: Counter
+
+
+@dataclass(frozen=True)
+class ModelChildren:
+    """The labelled series one prediction updates (looking labels up costs more than the update)."""
+
+    predictions: Counter
+    high_conflict: Counter
+    uncertainty: Histogram
+    max_conflict: Histogram
+    views: tuple[ViewChildren, ...]
+
+
+@lru_cache(maxsize=256)  # bounded like the labels: models x methods
+def _children(model: str, method: str, views: tuple[str, ...]) -> ModelChildren:
+    return ModelChildren(
+        PREDICTIONS.labels(model, method),
+        HIGH_CONFLICT.labels(model, method),
+        UNCERTAINTY.labels(model, method),
+        MAX_CONFLICT.labels(model, method),
+        tuple(ViewChildren(VIEW_DISCOUNT.labels(model, v), FLAGGED_BY_VIEW.labels(model, v)) for v in views),
+    )
+
+
+def children(model: str, method: str, views: list[str]) -> ModelChildren:
+    return _children(model, method, tuple(views))
+
+
+def observe_many(histogram: Histogram, values: np.ndarray) -> None:
+    """``histogram.observe(x)`` for every x in ``values``, with one update per bucket.
+
+    prometheus-client has no bulk observe; this does what ``Histogram.observe`` does (non-cumulative bucket
+    counts, cumulated at exposition, and the sum) through the same value objects, so it works in
+    multiprocess mode too. tests/service/test_metrics.py checks it against ``observe``.
+    """
+    values = np.asarray(values, dtype=np.float64).ravel()
+    if values.size == 0:
+        return
+    bounds = np.asarray(histogram._upper_bounds)
+    counts = np.bincount(np.searchsorted(bounds, values, side="left"), minlength=len(bounds))
+    histogram._sum.inc(float(values.sum()))
+    for bucket, count in zip(histogram._buckets, counts.tolist(), strict=False):
+        if count:
+            bucket.inc(count)
 
 
 def exposition() -> bytes:

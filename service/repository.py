@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import onnxruntime
@@ -37,6 +38,11 @@ class LoadedModel:
     @property
     def name(self) -> str:
         return self.manifest.name
+
+    @cached_property
+    def view_index(self) -> dict[str, int]:
+        """View name -> its position in the manifest (and in every (N, V, ...) array)."""
+        return {view.name: v for v, view in enumerate(self.manifest.views)}
 
 
 @dataclass(frozen=True)

@@ -3,23 +3,30 @@ return its result. Errors are raised as domain errors (:mod:`service.errors`).""
 
 from __future__ import annotations
 
-import json
 import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from service import metrics
-from service.errors import ModelNotFound, NotReady, PayloadTooLarge, UnsupportedMediaType
+from service.auth import require_api_key
+from service.errors import ModelNotFound, NotReady, Overloaded, PayloadTooLarge, UnsupportedMediaType
+from service.parsing import Batch, parse
 from service.repository import LoadedModel, Repository
-from service.runtime import parse, predict
+from service.runtime import Result, predict, render
 
 probes = APIRouter(tags=["probes"])
-models = APIRouter(prefix="/v1/models", tags=["models"])
-inference = APIRouter(tags=["inference"])
+models = APIRouter(prefix="/v1/models", tags=["models"], dependencies=[Depends(require_api_key)])
+inference = APIRouter(tags=["inference"], dependencies=[Depends(require_api_key)])
+
+# Bodies up to this size are parsed and answers rendered on the event loop (tens of microseconds); larger
+# ones in a worker thread, so that one big request never stalls the others or /health.
+INLINE_BYTES = 64 * 1024
 
 PREDICT_BODY = {
     "required": True,
@@ -78,26 +85,69 @@ async def predict_named(name: str, request: Request) -> JSONResponse:
 
 
 async def _predict(request: Request, name: str | None) -> Response:
-    model = _model(request, name)
-    settings = request.app.state.settings
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type != "application/json":
-        raise UnsupportedMediaType(
-            f"send the body as application/json, not {content_type or 'no content type'!r}"
-        )
-    body = await _read_body(request, settings.max_body_bytes)
-
-    def work() -> bytes:
-        # Parsing, heads, fusion and rendering all here, off the event loop; latency covers all of them.
+    async with admitted(request):
+        model = _model(request, name)
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type != "application/json":
+            raise UnsupportedMediaType(
+                f"send the body as application/json, not {content_type or 'no content type'!r}"
+            )
+        settings = request.app.state.settings
+        body = await _read_body(request, settings.max_body_bytes)
         started = time.perf_counter()
         try:
-            result = predict(model, parse(body, model, max_samples=settings.max_samples))
-            return json.dumps(result, allow_nan=False, separators=(",", ":")).encode()
+            content = await infer(
+                request,
+                model,
+                lambda: parse(body, model, max_samples=settings.max_samples),
+                lambda result: render(model, result),
+                inline=len(body) <= INLINE_BYTES,
+            )
         finally:
             metrics.REQUEST_SECONDS.labels(model.name).observe(time.perf_counter() - started)
+        return Response(content, media_type="application/json")
 
-    content = await anyio.to_thread.run_sync(work, limiter=request.app.state.inference_limiter)
-    return Response(content, media_type="application/json")
+
+@asynccontextmanager
+async def admitted(request: Request) -> AsyncIterator[None]:
+    """Count the request in flight, or shed it at once with 503 + Retry-After when too many are."""
+    state, settings = request.app.state, request.app.state.settings
+    if state.in_flight >= settings.max_in_flight:
+        raise Overloaded(
+            f"{state.in_flight} requests in flight, the most this service takes (DBF_MAX_IN_FLIGHT); "
+            "retry later",
+            headers={"Retry-After": str(settings.retry_after_seconds)},
+        )
+    state.in_flight += 1  # one event loop: no lock needed
+    try:
+        yield
+    finally:
+        state.in_flight -= 1
+
+
+async def infer(
+    request: Request,
+    model: LoadedModel,
+    decode: Callable[[], Batch],
+    encode: Callable[[Result], bytes],
+    *,
+    inline: bool,
+) -> bytes:
+    """decode -> predict (micro-batched, or alone) -> encode, with nothing heavy on the event loop."""
+    state = request.app.state
+    limiter = state.inference_limiter
+    if state.batcher is None or not inline:  # a big request is a batch already: one thread hop for it all
+
+        def work() -> bytes:
+            batch = decode()
+            metrics.BATCH_SIZE.labels(model.name).observe(len(batch))
+            return encode(predict(model, batch))
+
+        return await anyio.to_thread.run_sync(work, limiter=limiter)
+    batch = decode() if inline else await anyio.to_thread.run_sync(decode, limiter=limiter)
+    metrics.BATCH_SIZE.labels(model.name).observe(len(batch))
+    result = await state.batcher.submit(model, batch)
+    return encode(result) if inline else await anyio.to_thread.run_sync(encode, result, limiter=limiter)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -20,10 +20,19 @@ class Settings(BaseSettings):
     model_dir: Path = Path("models")
     default_model: str = "handwritten"
     max_samples: int = Field(default=1024, ge=1, description="samples per request; more is a 413")
-    # 1024 HandWritten samples as JSON take ~13 MB: the default leaves room for that and refuses more early.
-    max_body_bytes: int = Field(
-        default=32 * 1024 * 1024, ge=1, description="request body size; more is a 413"
-    )
+    # A HandWritten sample takes ~13 KB as JSON: 8 MiB holds ~600 of them. Bigger batches travel as
+    # binary tensors (/v2/models/{name}/infer: 1024 HandWritten samples in 2.7 MB).
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1, description="request body size; more is a 413")
+    # Load shedding: requests past this many in flight (queued or running) get 503 + Retry-After at once,
+    # rather than waiting in an unbounded queue until their clients time out.
+    max_in_flight: int = Field(default=64, ge=1, description="concurrent predict requests; more is a 503")
+    retry_after_seconds: int = Field(default=1, ge=0, description="Retry-After of a load-shedding 503")
+    # Micro-batching (service/batching.py): concurrent requests for the same model and fusion run together.
+    batching: bool = True
+    batch_max_samples: int = Field(default=256, ge=1)
+    batch_max_delay_ms: float = Field(default=0.0, ge=0, description="a batch's longest wait for more")
+    # Bearer token for predict, model and admin endpoints; /health, /ready and /metrics stay open.
+    api_key: SecretStr | None = None
     require_gpu: bool = Field(default=False, description="refuse to start unless CUDA really runs the heads")
     # Each view's onnxruntime session gets one thread and no spinning: the heads are small matrix products,
     # a request runs its views one after another in one worker thread, and concurrency comes from running

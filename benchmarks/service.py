@@ -1,0 +1,188 @@
+"""Load ``POST /predict`` with wrk and compare, in one run, with the yardstick: a bare FastAPI endpoint that
+validates the same body with pydantic and returns a constant (:mod:`benchmarks.yardstick`), served by the
+same uvicorn with the same settings (one worker, log level warning) and loaded by the same wrk.
+
+Goals (issue 7): single-sample HandWritten requests at concurrency 16, at least 0.8x the yardstick's
+requests/s; 256-sample requests, at least 1.5x its samples/s. Prints one row per case with throughput,
+p50/p99 latency and the ratio to the yardstick; asserts nothing.
+
+    python -m benchmarks.service [--seconds 10] [--cases single,batch256,...] [--model-dir models]
+
+Needs ``wrk`` (Debian: ``apt-get install wrk``). Requests carry random features in the training data's
+range, so the heads, fusion and response are the real ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from manifest import Manifest
+
+ROOT = Path(__file__).resolve().parents[1]
+WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.headers["Content-Type"] = os.getenv("WRK_CONTENT_TYPE")
+for name, value in string.gmatch(os.getenv("WRK_HEADERS") or "", "([^=;]+)=([^;]*)") do
+  wrk.headers[name] = value
+end
+local f = assert(io.open(os.getenv("WRK_BODY"), "rb"))
+wrk.body = f:read("*a")
+f:close()
+"""
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    samples: int
+    concurrency: int
+    path: str = "/predict"
+    server_env: tuple[tuple[str, str], ...] = ()
+    binary: bool = False
+
+
+CASES = {
+    "single": Case("single", 1, 16),
+    "batch256": Case("batch256", 256, 4),
+}
+
+
+@dataclass
+class Load:
+    requests_per_s: float
+    p50_ms: float
+    p99_ms: float
+    non_2xx: int
+    errors: str
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--model-dir", type=Path, default=ROOT / "models" / "handwritten")
+    parser.add_argument("--no-yardstick", action="store_true", help="only the service's own figures")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        sys.exit("wrk not found: apt-get install wrk")
+    manifest = Manifest.model_validate_json((args.model_dir / "manifest.json").read_text())
+    cases = [CASES[name] for name in args.cases.split(",")]
+    print(f"# service benchmark: model {manifest.name}, {args.seconds} s per case, wrk, one uvicorn worker")
+    print(f"# {os.cpu_count()} cores; ratio = service / yardstick (bare FastAPI + pydantic, constant answer)")
+    header = f"{'case':<14}{'samples':>8}{'conc':>5} {'server':<10}{'req/s':>9}{'samples/s':>11}"
+    print(header + f"{'p50 ms':>9}{'p99 ms':>9}{'ratio':>7}  notes")
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "post.lua"
+        script.write_text(WRK_SCRIPT)
+        for case in cases:
+            json_body = Path(tmp) / f"{case.name}.json"
+            json_body.write_bytes(_json_body(manifest, case.samples))
+            body = json_body
+            if case.binary:
+                body = Path(tmp) / f"{case.name}.bin"
+                body.write_bytes(_binary_body(manifest, case.samples))
+            baseline = None
+            if not args.no_yardstick:
+                with _server(["uvicorn", "benchmarks.yardstick:app"], {}) as url:
+                    baseline = _wrk(url + "/predict", json_body, "application/json", case, args.seconds, script)
+                _row(case, "yardstick", baseline, None, "")
+            with _server(["service", "--model-dir", str(args.model_dir)], dict(case.server_env)) as url:
+                provider = ",".join(sorted(set(httpx.get(url + "/v1/models").json()["models"][0]["providers"].values())))
+                content_type = "application/octet-stream" if case.binary else "application/json"
+                ours = _wrk(url + case.path, body, content_type, case, args.seconds, script)
+            _row(case, "service", ours, baseline, provider)
+
+
+def _row(case: Case, server: str, load: Load, baseline: Load | None, notes: str) -> None:
+    ratio = f"{load.requests_per_s / baseline.requests_per_s:7.2f}" if baseline else f"{'':>7}"
+    if load.non_2xx or load.errors:
+        notes += f" non-2xx {load.non_2xx} {load.errors}".rstrip()
+    print(
+        f"{case.name:<14}{case.samples:>8}{case.concurrency:>5} {server:<10}{load.requests_per_s:>9.1f}"
+        f"{load.requests_per_s * case.samples:>11.0f}{load.p50_ms:>9.2f}{load.p99_ms:>9.2f}{ratio}  {notes}",
+        flush=True,
+    )
+
+
+def _json_body(manifest: Manifest, n: int) -> bytes:
+    rng = np.random.default_rng(0)
+    samples = [{"views": {v.name: rng.random(v.dim).tolist() for v in manifest.views}} for _ in range(n)]
+    return json.dumps({"samples": samples}).encode()
+
+
+def _binary_body(manifest: Manifest, n: int) -> bytes:
+    from service.v2 import encode_request  # the binary path's own encoder, as a client would use it
+
+    rng = np.random.default_rng(0)
+    return encode_request({v.name: rng.random((n, v.dim), dtype=np.float32) for v in manifest.views})
+
+
+class _server:
+    """``python -m <module> ...`` on a free port until the block ends."""
+
+    def __init__(self, command: list[str], env: dict[str, str]) -> None:
+        from tests.service.conftest import free_port
+
+        self.port = free_port()
+        module, *rest = command
+        self.command = [sys.executable, "-m", module, *rest, "--host", "127.0.0.1", "--port", str(self.port)]
+        self.command += ["--log-level", "warning"]
+        self.env = {**os.environ, **env}
+
+    def __enter__(self) -> str:
+        self.proc = subprocess.Popen(self.command, env=self.env, cwd=ROOT)
+        url = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(url + "/docs", timeout=1.0)
+                return url
+            except httpx.TransportError:
+                time.sleep(0.2)
+        self.proc.kill()
+        raise TimeoutError(f"{self.command} did not start")
+
+    def __exit__(self, *_: object) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def _wrk(url: str, body: Path, content_type: str, case: Case, seconds: int, script: Path) -> Load:
+    env = {**os.environ, "WRK_BODY": str(body), "WRK_CONTENT_TYPE": content_type}
+    # Warm up (first requests build caches and thread pools), then measure.
+    warm = ["wrk", "-t1", f"-c{case.concurrency}", "-d2s", "-s", str(script), url]
+    subprocess.run(warm, env=env, capture_output=True, check=True)
+    command = ["wrk", "-t1", f"-c{case.concurrency}", f"-d{seconds}s", "--latency", "-s", str(script), url]
+    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
+    return Load(
+        requests_per_s=float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+        p50_ms=_millis(re.search(r"50%\s+(\S+)", out).group(1)),
+        p99_ms=_millis(re.search(r"99%\s+(\S+)", out).group(1)),
+        non_2xx=int(m.group(1)) if (m := re.search(r"Non-2xx or 3xx responses: (\d+)", out)) else 0,
+        errors=m.group(0) if (m := re.search(r"Socket errors:.*", out)) else "",
+    )
+
+
+def _millis(text: str) -> float:
+    match = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text)
+    if match is None:
+        raise ValueError(f"unexpected wrk latency {text!r}")
+    value, unit = match.groups()
+    return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}[unit]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+"""Optional bearer-token authentication (``DBF_API_KEY``) for predict, model and admin endpoints.
+
+``/health``, ``/ready`` and ``/metrics`` stay open: probes and scrapers carry no secrets, and they reveal
+nothing a caller could use (protect /metrics at the network level if that matters to you).
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from service.errors import Unauthorized
+
+# async, so FastAPI runs it on the event loop (a plain def would cost a thread hop per request).
+# auto_error=False: the 401 comes from our one error handler, in the one error format.
+_BEARER = HTTPBearer(auto_error=False, description="DBF_API_KEY, when the service has one")
+
+
+async def require_api_key(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)]
+) -> None:
+    key = request.app.state.settings.api_key
+    if key is None:
+        return
+    challenge = {"WWW-Authenticate": "Bearer"}
+    if credentials is None:
+        raise Unauthorized("this endpoint needs 'Authorization: Bearer <DBF_API_KEY>'", headers=challenge)
+    # Constant time: how long the comparison takes says nothing about how much of the token was right.
+    if not hmac.compare_digest(credentials.credentials.encode(), key.get_secret_value().encode()):
+        raise Unauthorized("invalid bearer token", headers=challenge)

@@ -1,0 +1,108 @@
+"""Server-side micro-batching: concurrent requests for the same model and fusion run as one batch.
+
+Like Triton's dynamic batcher: requests wait in a queue (bounded by the service's in-flight limit), and a
+batch closes when it holds ``max_samples`` samples or its first request has waited ``max_delay`` seconds.
+Batches run on the inference threads; while all of them are busy, the queue keeps filling, so batches grow
+with the load and an idle service adds no delay (``max_delay`` 0: a batch is whatever has arrived by the
+time a thread is free).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import anyio
+
+from service.parsing import Batch
+from service.repository import LoadedModel
+from service.runtime import Result
+
+
+@dataclass
+class _Waiting:
+    model: LoadedModel
+    batch: Batch
+    future: asyncio.Future[Result]
+
+
+@dataclass
+class MicroBatcher:
+    """``await batcher.submit(model, batch)`` returns the same :class:`Result` as ``run(model, batch)``."""
+
+    run: Callable[[LoadedModel, Batch], Result]
+    limiter: anyio.CapacityLimiter
+    max_samples: int
+    max_delay: float = 0.0
+    _queues: dict[tuple, list[_Waiting]] = field(default_factory=dict)
+    _tasks: set[asyncio.Task] = field(default_factory=set)
+
+    async def submit(self, model: LoadedModel, batch: Batch) -> Result:
+        future = asyncio.get_running_loop().create_future()
+        key = (model.name, id(model), batch.method, batch.lam)
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = []
+            task = asyncio.create_task(self._drain(key, queue))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        queue.append(_Waiting(model, batch, future))
+        return await future
+
+    async def _drain(self, key: tuple, queue: list[_Waiting]) -> None:
+        """Close batches from ``queue`` until it is empty, then retire it."""
+        try:
+            while queue:
+                if self.max_delay > 0 and sum(len(w.batch) for w in queue) < self.max_samples:
+                    await asyncio.sleep(self.max_delay)
+                token = object()  # the batch's own token: _run releases it from another task
+                await self.limiter.acquire_on_behalf_of(token)  # a free thread; meanwhile requests arrive
+                taken, size = [], 0
+                while queue and (not taken or size + len(queue[0].batch) <= self.max_samples):
+                    waiting = queue.pop(0)
+                    taken.append(waiting)
+                    size += len(waiting.batch)
+                task = asyncio.create_task(self._run(taken, token))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+                await asyncio.sleep(0)  # let the batch start before closing the next one
+        finally:
+            del self._queues[key]
+
+    async def _run(self, taken: list[_Waiting], token: object) -> None:
+        try:
+            batches = [w.batch for w in taken]
+            model = taken[0].model
+            try:
+                result = await anyio.to_thread.run_sync(self.run, model, Batch.concat(batches))
+            except Exception as error:
+                if len(taken) == 1:
+                    _settle(taken[0].future, error=error)
+                    return
+                # One request's samples spoilt the batch (features that overflow a head, say): run each
+                # request alone so the error reaches its sender only.
+                for waiting in taken:
+                    try:
+                        one = await anyio.to_thread.run_sync(self.run, model, waiting.batch)
+                    except Exception as own:
+                        _settle(waiting.future, error=own)
+                    else:
+                        _settle(waiting.future, result=one)
+                return
+            start = 0
+            for waiting in taken:
+                stop = start + len(waiting.batch)
+                _settle(waiting.future, result=result.rows(start, stop))
+                start = stop
+        finally:
+            self.limiter.release_on_behalf_of(token)
+
+
+def _settle(future: asyncio.Future, *, result: Result | None = None, error: BaseException | None = None):
+    if future.done():  # its request was cancelled (the client went away)
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
