@@ -1,0 +1,87 @@
+# syntax=docker/dockerfile:1
+# dbf-serve: the service and the committed models, nothing else (no torch, no training code, no data).
+#
+#   docker build -t dbf-serve:gpu .               # CUDA (the default target)
+#   docker build -t dbf-serve:cpu --target cpu .  # machines without a GPU: a smaller image, the CPU provider
+#
+# onnxruntime-gpu 1.31 (pyproject.toml) is built against CUDA 13.0 and cuDNN 9: the CUDA base below pins
+# both together, and tests/deploy/test_containers.py checks the CUDA major against the installed wheel's.
+ARG CUDA_IMAGE=nvidia/cuda:13.0.1-cudnn-runtime-ubuntu24.04
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# --- the service's dependencies and the packages it imports, in a virtual environment to copy ----------------
+FROM ${PYTHON_IMAGE} AS cpu-build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/venv
+WORKDIR /src
+# Only what `pip install .` needs: training/ is absent, so setuptools packages fusion, manifest and service.
+COPY pyproject.toml README.md ./
+COPY fusion/ fusion/
+COPY manifest/ manifest/
+COPY service/ service/
+RUN /opt/venv/bin/pip install .
+
+FROM ${CUDA_IMAGE} AS gpu-build
+ARG DEBIAN_FRONTEND=noninteractive
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-venv \
+    && rm -rf /var/lib/apt/lists/*
+RUN python3 -m venv /opt/venv
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY fusion/ fusion/
+COPY manifest/ manifest/
+COPY service/ service/
+RUN /opt/venv/bin/pip install .
+
+# --- runtime images ---------------------------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS cpu
+RUN groupadd --system --gid 10001 dbf \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin dbf
+COPY --from=cpu-build /opt/venv /opt/venv
+WORKDIR /app
+COPY models/ models/
+# Python prints at once and writes no bytecode (the root filesystem may be read-only).
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    DBF_HOST=0.0.0.0 \
+    DBF_PORT=8000 \
+    DBF_MODEL_DIR=/app/models \
+    DBF_GRACEFUL_SHUTDOWN_SECONDS=30
+USER 10001:10001
+EXPOSE 8000
+# No curl in slim images: Python asks /ready (503, or no answer, is a failure).
+HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/ready' % os.environ.get('DBF_PORT', '8000'), timeout=4)"]
+# Exec form: Python (uvicorn's server) is PID 1 and gets SIGTERM itself, then lets requests in flight finish
+# for DBF_GRACEFUL_SHUTDOWN_SECONDS. Arguments after the image name are passed on (e.g. --workers 4).
+ENTRYPOINT ["python", "-m", "service"]
+
+FROM ${CUDA_IMAGE} AS gpu
+ARG DEBIAN_FRONTEND=noninteractive
+# The interpreter the virtual environment was made with (the venv links to it), nothing more.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 \
+    && rm -rf /var/lib/apt/lists/* \
+    && groupadd --system --gid 10001 dbf \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin dbf
+COPY --from=gpu-build /opt/venv /opt/venv
+WORKDIR /app
+COPY models/ models/
+# DBF_REQUIRE_GPU: a GPU image on a machine where CUDA cannot run the heads stops at start-up with the reason,
+# rather than serving from the CPU unnoticed (set it to false to allow that).
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    DBF_HOST=0.0.0.0 \
+    DBF_PORT=8000 \
+    DBF_MODEL_DIR=/app/models \
+    DBF_GRACEFUL_SHUTDOWN_SECONDS=30 \
+    DBF_REQUIRE_GPU=true
+USER 10001:10001
+EXPOSE 8000
+HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/ready' % os.environ.get('DBF_PORT', '8000'), timeout=4)"]
+ENTRYPOINT ["python", "-m", "service"]
