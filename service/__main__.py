@@ -6,6 +6,7 @@ import argparse
 import atexit
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -42,6 +43,11 @@ def main(argv: list[str] | None = None) -> None:
         shared = tempfile.mkdtemp(prefix="dbf-metrics-")
         atexit.register(shutil.rmtree, shared, ignore_errors=True)
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = shared
+    # Graceful shutdown: on SIGTERM (or Ctrl-C) uvicorn stops accepting, lets in-flight requests finish
+    # (up to DBF_GRACEFUL_SHUTDOWN_SECONDS), then raises the signal again under the handlers it found.
+    # These make that a clean exit 0, which is what docker stop and Kubernetes expect of a deliberate stop.
+    for stop in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop, _exit_cleanly)
     uvicorn.run(
         "service.app:app_from_environment",
         factory=True,
@@ -51,6 +57,10 @@ def main(argv: list[str] | None = None) -> None:
         log_level=args.log_level,
         timeout_graceful_shutdown=defaults.graceful_shutdown_seconds,
     )
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)
 
 
 if __name__ == "__main__":

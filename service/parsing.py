@@ -73,7 +73,7 @@ def _parse_fast(body: bytes, model: LoadedModel, max_samples: int) -> Batch | No
         return None
     try:
         decoded = _DECODER.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
         return None
     samples = decoded.samples
     if not samples:

@@ -1,0 +1,131 @@
+"""Fuzzing the running service: schemathesis from its own OpenAPI schema, and hand-written mutations of
+valid bodies. Whatever arrives, the answer is a 2xx or a 4xx in the one error format, never a 5xx."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from service.app import create_app
+from service.settings import Settings
+from tests.service.conftest import running_service
+from tests.service.test_hardening import HANDWRITTEN, random_samples
+
+VALID = {"samples": random_samples(2), "method": "dbf", "lambda": 1.0}
+ERROR_STATUSES = {400, 404, 405, 413, 415}
+
+
+@pytest.fixture(scope="module")
+def url():
+    # Low limits, so that fuzzed bodies reach them too.
+    env = {"DBF_MAX_SAMPLES": "8", "DBF_MAX_BODY_BYTES": str(256 * 1024)}
+    with running_service("--model-dir", HANDWRITTEN, env=env) as base:
+        yield base
+
+
+# The app's own schema, as /openapi.json serves it (built without loading models: only the example differs).
+schema = schemathesis.openapi.from_dict(create_app(Settings(model_dir=Path(HANDWRITTEN))).openapi())
+
+
+@schema.parametrize()
+@settings(max_examples=60, suppress_health_check=list(HealthCheck))
+def test_no_operation_answers_5xx(case, url):
+    response = case.call(base_url=url, timeout=30)
+    assert response.status_code < 500, (case.method, case.path, case.body, response.text)
+    if response.status_code >= 400:
+        assert set(response.json()["error"]) == {"type", "message"}, (case.path_parameters, response.text)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@st.composite
+def mutated_bodies(draw) -> bytes:
+    """A valid body with one or more things wrong: a value replaced, a key dropped or renamed (unicode
+    too), a list lengthened or shortened, a field added, deep nesting, odd numbers, duplicate keys, or the
+    text truncated."""
+    body = json.loads(json.dumps(VALID))
+    for _ in range(draw(st.integers(1, 3))):
+        if not isinstance(body, dict):  # replaced by a non-object: nothing left to mutate inside
+            break
+        samples = body.get("samples")
+        sample = (
+            samples[draw(st.integers(0, len(samples) - 1))] if isinstance(samples, list) and samples else {}
+        )
+        views = sample.get("views") if isinstance(sample, dict) else None
+        view = draw(st.sampled_from(sorted(views))) if isinstance(views, dict) and views else None
+        kind = draw(
+            st.sampled_from(["replace", "drop", "rename", "resize", "extra", "nest", "number", "top", "many"])
+        )
+        if kind == "replace" and view:
+            views[view][draw(st.integers(0, len(views[view]) - 1))] = draw(JSON_VALUES)
+        elif kind == "replace" and view is None:
+            body["samples"] = draw(JSON_VALUES)
+        elif kind == "drop":
+            target = draw(st.sampled_from(["samples", "method", "lambda", "views", "view"]))
+            if target == "views" and isinstance(sample, dict):
+                sample.pop("views", None)
+            elif target == "view" and view:
+                views.pop(view)
+            else:
+                body.pop(target, None)
+        elif kind == "rename" and view:
+            views[draw(st.text(min_size=1, max_size=6))] = views.pop(view)
+        elif kind == "resize" and view:
+            views[view] = views[view][: draw(st.integers(0, len(views[view]) + 3))] + [0.5] * draw(
+                st.integers(0, 3)
+            )
+        elif kind == "extra":
+            (sample if isinstance(sample, dict) and draw(st.booleans()) else body)[
+                draw(st.text(max_size=6))
+            ] = draw(JSON_VALUES)
+        elif kind == "nest" and view:
+            views[view] = json.loads("[" * 50 + "1.0" + "]" * 50)
+        elif kind == "top":
+            body = draw(JSON_VALUES)
+        elif kind == "many":
+            body["samples"] = random_samples(draw(st.integers(9, 12)))  # over DBF_MAX_SAMPLES
+        elif kind == "number" and view:
+            views[view][0] = "@NUMBER@"
+    text = json.dumps(body, allow_nan=True)
+    number = draw(st.sampled_from(["1e999", "-1e400", "9" * 400, "NaN", "Infinity", "1e39", "-0", "4e38"]))
+    text = text.replace('"@NUMBER@"', number)
+    if draw(st.booleans()) and text.startswith('{"samples"'):  # a duplicate key, spelt plainly or escaped
+        key = draw(st.sampled_from(['"samples"', '"\\u0073amples"']))
+        text = "{" + key + ": [], " + text[1:]
+    if draw(st.integers(0, 9)) == 0:
+        text = text[: draw(st.integers(0, len(text)))]
+    return text.encode()
+
+
+@given(body=mutated_bodies())
+@settings(max_examples=300, suppress_health_check=list(HealthCheck))
+def test_mutated_bodies_get_a_clear_4xx(url, body):
+    response = httpx.post(url + "/predict", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 200 or response.status_code in ERROR_STATUSES, (body[:300], response.text)
+    if response.status_code != 200:
+        error = response.json()["error"]
+        assert error["type"] != "internal_error" and error["message"]
+
+
+def test_deep_and_odd_json_is_a_4xx(url):
+    headers = {"content-type": "application/json"}
+    for raw in (
+        b"[" * 100_000,
+        b'{"samples": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+        '{"samples": [{"views": {"pïx\u2028": [1.0]}}]}'.encode(),
+        b'{"samples": [{"views": {"\xff": [1.0]}}]}',  # not UTF-8
+        b'\xef\xbb\xbf{"samples": []}',
+    ):
+        response = httpx.post(url + "/predict", content=raw, headers=headers)
+        assert response.status_code == 400, (raw[:60], response.text)

@@ -1,0 +1,208 @@
+"""What real traffic and hostile clients do to the service: authentication, overload, shutdown, batching."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.service.conftest import free_port, running_service
+from tests.service.test_service import HANDWRITTEN_DIMS, zeros_sample
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+HANDWRITTEN = str(MODELS / "handwritten")
+
+
+def random_samples(n: int, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    return [{"views": {k: rng.random(d).tolist() for k, d in HANDWRITTEN_DIMS.items()}} for _ in range(n)]
+
+
+def test_bearer_token_guards_predict_and_models_but_not_probes():
+    with running_service("--model-dir", HANDWRITTEN, env={"DBF_API_KEY": "s3cret-token"}) as url:
+        body = {"samples": [zeros_sample(**HANDWRITTEN_DIMS)]}
+        for method, path, send in (
+            ("POST", "/predict", body),
+            ("POST", "/v1/models/handwritten/predict", body),
+            ("GET", "/v1/models", None),
+        ):
+            missing = httpx.request(method, url + path, json=send)
+            assert missing.status_code == 401
+            assert missing.headers["www-authenticate"] == "Bearer"
+            assert missing.json()["error"]["type"] == "unauthorized"
+            for wrong in ("Bearer s3cret-tokeN", "Bearer s3cret-token-and-more", "Basic czNjcmV0", "Bearer"):
+                answer = httpx.request(method, url + path, json=send, headers={"Authorization": wrong})
+                assert answer.status_code == 401, wrong
+            right = {"Authorization": "Bearer s3cret-token"}
+            assert httpx.request(method, url + path, json=send, headers=right).status_code == 200
+        for open_path in ("/health", "/ready", "/metrics"):
+            assert httpx.get(url + open_path).status_code == 200
+        metrics = httpx.get(url + "/metrics").text
+        assert 'dbf_errors_total{reason="unauthorized"}' in metrics
+        schema = httpx.get(url + "/openapi.json").json()
+        assert "HTTPBearer" in schema["components"]["securitySchemes"]
+
+
+def test_overload_is_shed_at_once_with_retry_after():
+    """One inference thread and at most 2 requests in flight: 24 concurrent big requests must get either an
+    answer or a quick 503 with Retry-After, nothing else."""
+    env = {"DBF_MAX_IN_FLIGHT": "2", "DBF_INFERENCE_THREADS": "1", "DBF_RETRY_AFTER_SECONDS": "3"}
+    body = json.dumps({"samples": random_samples(300)}).encode()
+
+    async def load(url: str) -> list[httpx.Response]:
+        headers = {"content-type": "application/json"}
+        async with httpx.AsyncClient(timeout=60) as client:
+            return await asyncio.gather(
+                *(client.post(url + "/predict", content=body, headers=headers) for _ in range(24))
+            )
+
+    with running_service("--model-dir", HANDWRITTEN, env=env) as url:
+        responses = asyncio.run(load(url))
+        statuses = Counter(r.status_code for r in responses)
+        assert set(statuses) == {200, 503} and statuses[200] >= 2, statuses
+        for shed in (r for r in responses if r.status_code == 503):
+            assert shed.headers["retry-after"] == "3"
+            assert shed.json()["error"]["type"] == "overloaded"
+        assert httpx.get(url + "/health").status_code == 200
+        # Every slot came back: with the load gone, requests are served again.
+        assert httpx.post(
+            url + "/predict", content=body, headers={"content-type": "application/json"}
+        ).is_success
+
+
+@pytest.mark.parametrize("batching", ["true", "false"])
+def test_concurrent_requests_get_their_own_answers(batching):
+    """Micro-batched or not, each of many concurrent requests gets the answer it would get alone, and a
+    request whose features overflow a head fails alone."""
+    samples = random_samples(40, seed=1)
+    bad = {"views": {k: [3e38] * d for k, d in HANDWRITTEN_DIMS.items()}}
+
+    async def concurrently(url: str) -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            bodies = [{"samples": [s]} for s in samples] + [{"samples": [bad]}] * 4
+            order = np.random.default_rng(2).permutation(len(bodies))
+            responses = await asyncio.gather(*(client.post(url + "/predict", json=bodies[i]) for i in order))
+            return [responses[list(order).index(i)] for i in range(len(bodies))]
+
+    with running_service("--model-dir", HANDWRITTEN, env={"DBF_BATCHING": batching}) as url:
+        together = httpx.post(url + "/predict", json={"samples": samples}, timeout=60).json()["predictions"]
+        responses = asyncio.run(concurrently(url))
+        for alone, expected in zip(responses[: len(samples)], together, strict=True):
+            assert alone.status_code == 200
+            got = alone.json()["predictions"][0]
+            assert got["label"] == expected["label"] and got["high_conflict"] == expected["high_conflict"]
+            np.testing.assert_allclose(got["probability"], expected["probability"], rtol=1e-5, atol=1e-7)
+            np.testing.assert_allclose(got["conflict"], expected["conflict"], rtol=1e-5, atol=1e-7)
+        for failed in responses[len(samples) :]:
+            assert failed.status_code == 400
+            assert "samples[0].views." in failed.json()["error"]["message"]
+
+
+def test_sigterm_finishes_in_flight_requests_and_exits_zero():
+    """SIGTERM while a request is in flight: the service stops accepting connections, answers that request
+    in full, and exits 0."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "service",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--model-dir",
+            HANDWRITTEN,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "service did not start"
+            time.sleep(0.1)
+        body = json.dumps({"samples": random_samples(2)}).encode()
+        head = (
+            f"POST /predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+            conn.sendall(head + body[:100])  # the request is in flight: its body is still arriving
+            time.sleep(0.3)
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(1.0)
+            with pytest.raises(ConnectionRefusedError):  # no longer accepting
+                socket.create_connection(("127.0.0.1", port), timeout=2).close()
+            conn.sendall(body[100:])
+            answer = b""
+            while chunk := conn.recv(65536):
+                answer += chunk
+        status_line, _, rest = answer.partition(b"\r\n")
+        assert status_line == b"HTTP/1.1 200 OK", answer[:300]
+        payload = json.loads(rest.split(b"\r\n\r\n", 1)[1])
+        assert len(payload["predictions"]) == 2
+        assert proc.wait(timeout=30) == 0, proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_load_at_concurrency_64_has_no_errors_but_deliberate_shedding():
+    """A sustained load (60 s; DBF_LOAD_TEST_SECONDS) at concurrency 64 with single-sample requests and
+    some 64-sample ones, against the service's default settings: every answer is a 200 or a deliberate 503
+    (overloaded, with Retry-After), and the service answers /health throughout."""
+    seconds = float(os.environ.get("DBF_LOAD_TEST_SECONDS", "60"))
+    small = json.dumps({"samples": random_samples(1)}).encode()
+    large = json.dumps({"samples": random_samples(64, seed=3)}).encode()
+    headers = {"content-type": "application/json"}
+
+    async def load(url: str) -> tuple[Counter, list[float]]:
+        statuses: Counter = Counter()
+        health: list[float] = []
+        stop = time.monotonic() + seconds
+        limits = httpx.Limits(max_connections=80, max_keepalive_connections=80)
+        async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+
+            async def user(i: int) -> None:
+                while time.monotonic() < stop:
+                    body = large if i % 8 == 0 else small
+                    r = await client.post(url + "/predict", content=body, headers=headers)
+                    kind = r.json()["error"]["type"] if r.status_code >= 400 else ""
+                    statuses[(r.status_code, kind, r.headers.get("retry-after"))] += 1
+
+            async def prober() -> None:
+                while time.monotonic() < stop:
+                    started = time.monotonic()
+                    assert (await client.get(url + "/health")).status_code == 200
+                    health.append(time.monotonic() - started)
+                    await asyncio.sleep(0.5)
+
+            await asyncio.gather(prober(), *(user(i) for i in range(64)))
+        return statuses, health
+
+    with running_service("--model-dir", HANDWRITTEN) as url:
+        statuses, health = asyncio.run(load(url))
+    served = sum(n for (status, _, _), n in statuses.items() if status == 200)
+    odd = {key: n for key, n in statuses.items() if key[0] != 200 and key[:2] != (503, "overloaded")}
+    assert not odd, statuses
+    assert all(retry == "1" for status, _, retry in statuses if status == 503)
+    assert served > 0 and health, statuses
