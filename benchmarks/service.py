@@ -6,7 +6,7 @@ Goals (issue 7): single-sample HandWritten requests at concurrency 16, at least 
 requests/s; 256-sample requests, at least 1.5x its samples/s. Prints one row per case with throughput,
 p50/p99 latency and the ratio to the yardstick; asserts nothing.
 
-    python -m benchmarks.service [--seconds 10] [--cases single,batch256,...] [--model-dir models]
+    python -m benchmarks.service [--seconds 10] [--cases single,batch256,...] [--sweep 1,16,256,1024]
 
 Needs ``wrk`` (Debian: ``apt-get install wrk``). Requests carry random features in the training data's
 range, so the heads, fusion and response are the real ones.
@@ -34,7 +34,6 @@ from manifest import Manifest
 ROOT = Path(__file__).resolve().parents[1]
 WRK_SCRIPT = """
 wrk.method = "POST"
-wrk.headers["Content-Type"] = os.getenv("WRK_CONTENT_TYPE")
 for name, value in string.gmatch(os.getenv("WRK_HEADERS") or "", "([^=;]+)=([^;]*)") do
   wrk.headers[name] = value
 end
@@ -56,7 +55,11 @@ class Case:
 
 CASES = {
     "single": Case("single", 1, 16),
+    "single-unbatched": Case("single-unbatched", 1, 16, server_env=(("DBF_BATCHING", "false"),)),
     "batch256": Case("batch256", 256, 4),
+    "batch256-unbatched": Case("batch256-unbatched", 256, 4, server_env=(("DBF_BATCHING", "false"),)),
+    "v2-binary256": Case("v2-binary256", 256, 4, path="/v2/models/{model}/infer", binary=True),
+    "v2-binary1024": Case("v2-binary1024", 1024, 4, path="/v2/models/{model}/infer", binary=True),
 }
 
 
@@ -70,12 +73,22 @@ class Load:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--model-dir", type=Path, default=ROOT / "models" / "handwritten")
     parser.add_argument("--no-yardstick", action="store_true", help="only the service's own figures")
+    parser.add_argument(
+        "--sweep", default="", help="batch sizes for binary v2 requests at concurrency 4 (e.g. 1,16,256,1024)"
+    )
     args = parser.parse_args()
+    for size in filter(None, args.sweep.split(",")):
+        CASES[f"v2-sweep{size}"] = Case(
+            f"v2-sweep{size}", int(size), 4, "/v2/models/{model}/infer", binary=True
+        )
+        args.cases += f",v2-sweep{size}"
     if shutil.which("wrk") is None:
         sys.exit("wrk not found: apt-get install wrk")
     manifest = Manifest.model_validate_json((args.model_dir / "manifest.json").read_text())
@@ -90,19 +103,29 @@ def main() -> None:
         for case in cases:
             json_body = Path(tmp) / f"{case.name}.json"
             json_body.write_bytes(_json_body(manifest, case.samples))
-            body = json_body
+            body, headers = json_body, {"Content-Type": "application/json"}
             if case.binary:
                 body = Path(tmp) / f"{case.name}.bin"
-                body.write_bytes(_binary_body(manifest, case.samples))
+                content, headers = _binary_body(manifest, case.samples)
+                body.write_bytes(content)
             baseline = None
-            if not args.no_yardstick:
+            if not args.no_yardstick:  # the same samples as JSON: the yardstick has no binary path
                 with _server(["uvicorn", "benchmarks.yardstick:app"], {}) as url:
-                    baseline = _wrk(url + "/predict", json_body, "application/json", case, args.seconds, script)
+                    baseline = _wrk(
+                        url + "/predict",
+                        json_body,
+                        {"Content-Type": "application/json"},
+                        case,
+                        args.seconds,
+                        script,
+                    )
                 _row(case, "yardstick", baseline, None, "")
             with _server(["service", "--model-dir", str(args.model_dir)], dict(case.server_env)) as url:
-                provider = ",".join(sorted(set(httpx.get(url + "/v1/models").json()["models"][0]["providers"].values())))
-                content_type = "application/octet-stream" if case.binary else "application/json"
-                ours = _wrk(url + case.path, body, content_type, case, args.seconds, script)
+                provider = ",".join(
+                    sorted(set(httpx.get(url + "/v1/models").json()["models"][0]["providers"].values()))
+                )
+                path = case.path.format(model=manifest.name)
+                ours = _wrk(url + path, body, headers, case, args.seconds, script)
             _row(case, "service", ours, baseline, provider)
 
 
@@ -123,7 +146,7 @@ def _json_body(manifest: Manifest, n: int) -> bytes:
     return json.dumps({"samples": samples}).encode()
 
 
-def _binary_body(manifest: Manifest, n: int) -> bytes:
+def _binary_body(manifest: Manifest, n: int) -> tuple[bytes, dict[str, str]]:
     from service.v2 import encode_request  # the binary path's own encoder, as a client would use it
 
     rng = np.random.default_rng(0)
@@ -160,8 +183,12 @@ class _server:
         self.proc.wait(timeout=30)
 
 
-def _wrk(url: str, body: Path, content_type: str, case: Case, seconds: int, script: Path) -> Load:
-    env = {**os.environ, "WRK_BODY": str(body), "WRK_CONTENT_TYPE": content_type}
+def _wrk(url: str, body: Path, headers: dict[str, str], case: Case, seconds: int, script: Path) -> Load:
+    env = {
+        **os.environ,
+        "WRK_BODY": str(body),
+        "WRK_HEADERS": ";".join(f"{k}={v}" for k, v in headers.items()),
+    }
     # Warm up (first requests build caches and thread pools), then measure.
     warm = ["wrk", "-t1", f"-c{case.concurrency}", "-d2s", "-s", str(script), url]
     subprocess.run(warm, env=env, capture_output=True, check=True)
@@ -169,8 +196,8 @@ def _wrk(url: str, body: Path, content_type: str, case: Case, seconds: int, scri
     out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
     return Load(
         requests_per_s=float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
-        p50_ms=_millis(re.search(r"50%\s+(\S+)", out).group(1)),
-        p99_ms=_millis(re.search(r"99%\s+(\S+)", out).group(1)),
+        p50_ms=_millis(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1)),
+        p99_ms=_millis(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1)),
         non_2xx=int(m.group(1)) if (m := re.search(r"Non-2xx or 3xx responses: (\d+)", out)) else 0,
         errors=m.group(0) if (m := re.search(r"Socket errors:.*", out)) else "",
     )

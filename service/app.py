@@ -66,6 +66,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(routes.probes)
     app.include_router(routes.models)
     app.include_router(routes.inference)
+    app.include_router(routes.open_inference)
     metrics.BUILD.labels(_version()).set(1)
     app.openapi = lambda: _openapi(app)
     return app

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from service import metrics
+from service import metrics, v2
 from service.auth import require_api_key
 from service.errors import ModelNotFound, NotReady, Overloaded, PayloadTooLarge, UnsupportedMediaType
 from service.parsing import Batch, parse
@@ -23,6 +23,7 @@ from service.runtime import Result, predict, render
 probes = APIRouter(tags=["probes"])
 models = APIRouter(prefix="/v1/models", tags=["models"], dependencies=[Depends(require_api_key)])
 inference = APIRouter(tags=["inference"], dependencies=[Depends(require_api_key)])
+open_inference = APIRouter(prefix="/v2", tags=["open inference protocol (v2)"])
 
 # Bodies up to this size are parsed and answers rendered on the event loop (tens of microseconds); larger
 # ones in a worker thread, so that one big request never stalls the others or /health.
@@ -148,6 +149,76 @@ async def infer(
     metrics.BATCH_SIZE.labels(model.name).observe(len(batch))
     result = await state.batcher.submit(model, batch)
     return encode(result) if inline else await anyio.to_thread.run_sync(encode, result, limiter=limiter)
+
+
+@open_inference.get("")
+def v2_server(request: Request) -> dict[str, Any]:
+    """Server metadata (Open Inference Protocol)."""
+    return {"name": "dbf-serve", "version": request.app.version, "extensions": ["binary_tensor_data"]}
+
+
+@open_inference.get("/health/live")
+def v2_live() -> dict[str, bool]:
+    return {"live": True}
+
+
+@open_inference.get("/health/ready", responses={503: {"description": "models not loaded"}})
+def v2_ready(request: Request) -> JSONResponse:
+    ready = request.app.state.repository is not None
+    return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
+
+
+@open_inference.get("/models/{name}", dependencies=[Depends(require_api_key)], responses={404: {}})
+def v2_model(name: str, request: Request) -> dict[str, Any]:
+    """The input tensors (one FP32 [N, dim] per view) and output tensors of a model."""
+    return v2.metadata(_model(request, name))
+
+
+@open_inference.get("/models/{name}/ready", dependencies=[Depends(require_api_key)], responses={404: {}})
+def v2_model_ready(name: str, request: Request) -> dict[str, Any]:
+    return {"name": _model(request, name).name, "ready": True}
+
+
+@open_inference.post(
+    "/models/{name}/infer",
+    dependencies=[Depends(require_api_key)],
+    responses={400: {}, 404: {}, 413: {}, 503: {}},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"type": "object"}},
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+            },
+        }
+    },
+)
+async def v2_infer(name: str, request: Request) -> Response:
+    """Inference with tensors: JSON, or the binary tensor data extension (see :mod:`service.v2`)."""
+    async with admitted(request):
+        model = _model(request, name)
+        settings = request.app.state.settings
+        body = await _read_body(request, settings.max_body_bytes)
+        header_length = request.headers.get(v2.HEADER_LENGTH)
+        started = time.perf_counter()
+        decoded: list[v2.Decoded] = []
+        answer_headers: dict[str, str] = {}
+
+        def decode() -> Batch:
+            decoded.append(v2.decode(body, header_length, model, max_samples=settings.max_samples))
+            return decoded[0].batch
+
+        def encode(result: Result) -> bytes:
+            content, headers = v2.encode(model, decoded[0], result)
+            answer_headers.update(headers)
+            return content
+
+        try:
+            content = await infer(request, model, decode, encode, inline=len(body) <= INLINE_BYTES)
+        finally:
+            metrics.REQUEST_SECONDS.labels(model.name).observe(time.perf_counter() - started)
+        media_type = answer_headers.pop("content-type")
+        return Response(content, media_type=media_type, headers=answer_headers)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,34 +24,37 @@ def free_port() -> int:
 def running_service(*args: str, env: dict[str, str] | None = None, timeout: float = 60.0) -> Iterator[str]:
     """Run ``python -m service`` on a free loopback port until the block ends; yields its base URL."""
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port), *args],
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"service exited with {proc.returncode}:\n{proc.stdout.read()}")
-            try:
-                httpx.get(f"{url}/health", timeout=1.0)
-                break
-            except httpx.TransportError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"service did not answer on {url} within {timeout} s") from None
-                time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
+    # The log goes to a file, not a pipe: a pipe nobody reads fills up (access logs) and blocks the service.
+    with tempfile.TemporaryFile(mode="w+") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port), *args],
+            env={**os.environ, **(env or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            deadline = time.monotonic() + timeout
+            while True:
+                if proc.poll() is not None:
+                    log.seek(0)
+                    raise RuntimeError(f"service exited with {proc.returncode}:\n{log.read()}")
+                try:
+                    httpx.get(f"{url}/health", timeout=1.0)
+                    break
+                except httpx.TransportError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"service did not answer on {url} within {timeout} s") from None
+                    time.sleep(0.1)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def start_and_fail(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

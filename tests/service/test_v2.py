@@ -1,0 +1,168 @@
+"""The Open Inference Protocol (v2) path, binary and JSON, against the real service."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import msgspec
+import numpy as np
+import pytest
+
+from service.v2 import HEADER_LENGTH, OUTPUTS, decode_response, encode_request
+from tests.service.conftest import running_service
+from tests.service.test_hardening import HANDWRITTEN
+from tests.service.test_service import HANDWRITTEN_DIMS
+
+INFER = "/v2/models/handwritten/infer"
+
+
+@pytest.fixture(scope="module")
+def url():
+    with running_service("--model-dir", HANDWRITTEN, env={"DBF_MAX_SAMPLES": "64"}) as base:
+        yield base
+
+
+def features(n: int, seed: int = 0, views=HANDWRITTEN_DIMS) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {name: rng.random((n, dim), dtype=np.float32) for name, dim in views.items()}
+
+
+def infer(url: str, body: bytes, headers: dict[str, str]) -> httpx.Response:
+    return httpx.post(url + INFER, content=body, headers=headers, timeout=30)
+
+
+def test_metadata_and_probes(url):
+    meta = httpx.get(url + "/v2/models/handwritten").json()
+    assert {t["name"]: t["shape"] for t in meta["inputs"]} == {
+        k: [-1, d] for k, d in HANDWRITTEN_DIMS.items()
+    }
+    assert [t["name"] for t in meta["outputs"]] == list(OUTPUTS)
+    assert httpx.get(url + "/v2/health/ready").json() == {"ready": True}
+    assert httpx.get(url + "/v2/health/live").json() == {"live": True}
+    assert httpx.get(url + "/v2/models/handwritten/ready").json()["ready"] is True
+    assert "binary_tensor_data" in httpx.get(url + "/v2").json()["extensions"]
+    assert httpx.get(url + "/v2/models/nope").status_code == 404
+
+
+def test_binary_answers_equal_the_json_api(url):
+    """The same samples through /v2 (binary both ways) and /predict (JSON) give the same answers, a view
+    left out included."""
+    views = dict(HANDWRITTEN_DIMS)
+    del views["zer"]
+    given = features(20, views=views)
+    body, headers = encode_request(given, method="dbf", lam=1.0)
+    response = infer(url, body, headers)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "application/octet-stream"
+    got = decode_response(response.content, dict(response.headers))
+    samples = [{"views": {k: v[i].tolist() for k, v in given.items()}} for i in range(20)]
+    expected = httpx.post(url + "/predict", json={"samples": samples}).json()["predictions"]
+    names = list(HANDWRITTEN_DIMS)
+    assert got["label"].tolist() == [p["label"] for p in expected]
+    assert got["high_conflict"].tolist() == [p["high_conflict"] for p in expected]
+    np.testing.assert_allclose(got["probability"], [p["probability"] for p in expected], rtol=1e-6)
+    np.testing.assert_allclose(got["uncertainty"], [p["uncertainty"] for p in expected], rtol=1e-6)
+    for i, p in enumerate(expected):
+        assert got["blamed_view"][i] == (names.index(p["blamed_view"]) if p["high_conflict"] else -1)
+        for v, name in enumerate(names):
+            assert got["discount"][i, v] == pytest.approx(p["discount"].get(name, 1.0), rel=1e-6)
+    assert got["conflict"].shape == (20, 6, 6) and not got["conflict"][:, names.index("zer")].any()
+
+
+def test_json_tensors_and_chosen_outputs(url):
+    given = features(3)
+    body = {
+        "id": "request-7",
+        "inputs": [
+            {"name": k, "datatype": "FP32", "shape": list(v.shape), "data": v.ravel().tolist()}
+            for k, v in given.items()
+        ],
+        "outputs": [{"name": "label"}, {"name": "uncertainty", "parameters": {"binary_data": True}}],
+        "parameters": {"method": "gbaf"},
+    }
+    response = httpx.post(url + INFER, json=body)
+    assert response.status_code == 200, response.text
+    header = json.loads(response.content[: int(response.headers[HEADER_LENGTH])])
+    assert header["id"] == "request-7" and header["parameters"]["method"] == "gbaf"
+    got = decode_response(response.content, dict(response.headers))
+    assert set(got) == {"label", "uncertainty"} and got["uncertainty"].dtype == np.float32
+    plain = httpx.post(url + INFER, json={**body, "outputs": None})
+    assert plain.headers["content-type"] == "application/json"
+    assert {t["name"] for t in plain.json()["outputs"]} == set(OUTPUTS)
+
+
+def _binary(inputs: list[dict], blob: bytes, **extra) -> tuple[bytes, dict[str, str]]:
+    header = msgspec.json.encode({"inputs": inputs, **extra})
+    return header + blob, {"content-type": "application/octet-stream", HEADER_LENGTH: str(len(header))}
+
+
+MOR = np.full((2, 6), 0.5, np.float32).tobytes()
+
+
+@pytest.mark.parametrize(
+    ("inputs", "blob", "header_length", "status", "message"),
+    [
+        ([{"name": "mor", "datatype": "FP32", "shape": [2, 6], "parameters": {"binary_data_size": 48}}],
+         MOR[:40], None, 400, "binary data ends after 40 of its 48 bytes"),
+        ([{"name": "mor", "datatype": "FP32", "shape": [2, 6], "parameters": {"binary_data_size": 44}}],
+         MOR, None, 400, "binary_data_size must be 48"),
+        ([{"name": "mor", "datatype": "FP32", "shape": [2, 6], "parameters": {"binary_data_size": 48}}],
+         MOR + b"xx", None, 400, "2 bytes of binary data after the last"),
+        ([{"name": "mor", "datatype": "FP32", "shape": [2, 7], "parameters": {"binary_data_size": 56}}],
+         MOR, None, 400, "shape must be [N, 6]"),
+        ([{"name": "mor", "datatype": "FP64", "shape": [1, 6], "parameters": {"binary_data_size": 48}}],
+         MOR, None, 400, "datatype must be FP32"),
+        ([{"name": "mór", "datatype": "FP32", "shape": [2, 6], "parameters": {"binary_data_size": 48}}],
+         MOR, None, 400, "unknown input"),
+        ([{"name": "mor", "datatype": "FP32", "shape": [2, 6], "parameters": {"binary_data_size": 48}}],
+         np.full((2, 6), np.nan, np.float32).tobytes(), None, 400, "row 0 has a value that is not a finite"),
+        ([{"name": "mor", "datatype": "FP32", "shape": [65, 6], "parameters": {"binary_data_size": 1560}}],
+         bytes(1560), None, 413, "at most 64"),
+        ([{"name": "mor", "datatype": "FP32", "shape": [2, 6]}],
+         MOR, None, 400, "no data and no binary_data_size"),
+        ([], b"", None, 400, "no inputs"),
+        ([{"name": "mor", "datatype": "FP32", "shape": [2, 6], "parameters": {"binary_data_size": 48}}],
+         MOR, "99999", 400, "does not fit"),
+        ([{"name": "mor", "datatype": "FP32", "shape": [2, 6], "parameters": {"binary_data_size": 48}}],
+         MOR, "-1", 400, "does not fit"),
+    ],
+)  # fmt: skip
+def test_bad_tensors_are_a_clear_4xx(url, inputs, blob, header_length, status, message):
+    body, headers = _binary(inputs, blob)
+    if header_length is not None:
+        headers[HEADER_LENGTH] = header_length
+    response = infer(url, body, headers)
+    assert response.status_code == status, response.text
+    assert message in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ([0.5] * 5, "data must be 6 numbers"),
+        ([True] * 6, "data must be 6 numbers"),
+        (["0.5"] * 6, "data must be 6 numbers"),
+        ([[0.5] * 3, [0.5] * 2], "data must be 6 numbers"),
+        ([10**400] + [0.5] * 5, "data must be 6 numbers"),
+        ([1e39] + [0.5] * 5, "not a finite float32"),
+    ],
+)
+def test_bad_json_tensors_are_a_400(url, data, message):
+    body = {"inputs": [{"name": "mor", "datatype": "FP32", "shape": [1, 6], "data": data}]}
+    raw = json.dumps(body).replace("1e+39", "1e39").encode()
+    response = httpx.post(url + INFER, content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text
+    assert message in response.json()["error"]["message"]
+
+
+def test_fusion_parameters_and_outputs_are_checked(url):
+    base = {"inputs": [{"name": "mor", "datatype": "FP32", "shape": [1, 6], "data": [0.5] * 6}]}
+    for extra, message in (
+        ({"parameters": {"method": "xyz"}}, "unknown method"),
+        ({"parameters": {"lambda": -1}}, "positive finite"),
+        ({"parameters": {"lambda": True}}, "positive finite"),
+        ({"outputs": [{"name": "logits"}]}, "unknown output"),
+    ):
+        response = httpx.post(url + INFER, json={**base, **extra})
+        assert response.status_code == 400 and message in response.text, response.text
