@@ -12,9 +12,9 @@ import anyio
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from fusion import METHODS
 from service import errors, metrics, routes
 from service.batching import MicroBatcher
+from service.reload import serve, watch_repository
 from service.repository import ModelLoadError, load_repository
 from service.runtime import predict
 from service.settings import Settings
@@ -29,22 +29,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
-            app.state.repository = load_repository(settings)
+            serve(app, load_repository(settings))
         except ModelLoadError as error:
             # Like Triton on a load error: log the file at fault and refuse to start (uvicorn exits non-zero).
             log.error("model repository failed to load: %s", error)
             raise SystemExit(1) from None
-        loaded = app.state.repository.models.values()
-        for model in loaded:
-            for view, provider in model.providers.items():
-                metrics.MODEL_INFO.labels(model.name, view, provider).set(1)
-        metrics.initialise(
-            {m.name: [v.name for v in m.manifest.views] for m in loaded},
-            METHODS,
-            errors.REASONS,
-            {m.name: m.manifest.conflict_flag.target_false_positive_rate for m in loaded},
-        )
-        yield
+        async with anyio.create_task_group() as tasks:
+            if settings.reload_poll_seconds > 0:
+                tasks.start_soon(watch_repository, app, settings.reload_poll_seconds)
+            yield
+            tasks.cancel_scope.cancel()
 
     app = FastAPI(title="dbf-serve", version=_version(), lifespan=lifespan)
     app.state.settings = settings
@@ -52,6 +46,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.load_error = "models are loading"
     app.state.inference_limiter = anyio.CapacityLimiter(settings.inference_threads)
     app.state.in_flight = 0
+    app.state.reload_lock = anyio.Lock()
     app.state.batcher = (
         MicroBatcher(
             predict,
@@ -67,6 +62,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(routes.models)
     app.include_router(routes.inference)
     app.include_router(routes.open_inference)
+    app.include_router(routes.admin)
     metrics.BUILD.labels(_version()).set(1)
     app.openapi = lambda: _openapi(app)
     return app

@@ -24,6 +24,7 @@ REASONS = (
     "not_ready",
     "overloaded",
     "unauthorized",
+    "reload_failed",
     "not_found",
     "method_not_allowed",
     "http_error",
@@ -70,6 +71,12 @@ class Overloaded(ServiceError):
 
 class Unauthorized(ServiceError):
     status, type = 401, "unauthorized"
+
+
+class ReloadFailed(ServiceError):
+    """The new model repository did not verify or load; the previous one is still served."""
+
+    status, type = 409, "reload_failed"
 
 
 def error_response(

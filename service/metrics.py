@@ -36,6 +36,7 @@ BATCH_SIZE = Histogram(
 )
 REQUEST_SECONDS = Histogram("dbf_request_duration_seconds", "Predict request latency.", ["model"])
 ERRORS = Counter("dbf_errors", "Error responses by reason.", ["reason"])
+RELOADS = Counter("dbf_model_reloads", "Model repository reloads, by outcome.", ["outcome"])
 # Gauges say how worker processes combine (PROMETHEUS_MULTIPROC_DIR, set by `python -m service --workers N`).
 MODEL_INFO = Gauge(
     "dbf_model_info",
@@ -77,6 +78,8 @@ def initialise(
             VIEW_DISCOUNT.labels(model, view)
     for reason in reasons:
         ERRORS.labels(reason=reason)
+    for outcome in ("success", "failure"):
+        RELOADS.labels(outcome)
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,12 @@ class Repository:
         return self.models.get(self.default if name is None else name)
 
 
+def repository_fingerprint(model_dir: Path) -> tuple:
+    """What changes when any file under ``model_dir`` is added, removed, replaced or rewritten."""
+    files = sorted(p for p in model_dir.rglob("*") if p.is_file())
+    return tuple((str(p), (st := p.stat()).st_mtime_ns, st.st_size, st.st_ino) for p in files)
+
+
 def find_manifests(model_dir: Path) -> list[Path]:
     """``model_dir/manifest.json`` if it is one model, else ``model_dir/*/manifest.json``, sorted."""
     if (model_dir / "manifest.json").is_file():

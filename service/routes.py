@@ -17,6 +17,7 @@ from service import metrics, v2
 from service.auth import require_api_key
 from service.errors import ModelNotFound, NotReady, Overloaded, PayloadTooLarge, UnsupportedMediaType
 from service.parsing import Batch, parse
+from service.reload import reload_repository
 from service.repository import LoadedModel, Repository
 from service.runtime import Result, predict, render
 
@@ -24,6 +25,7 @@ probes = APIRouter(tags=["probes"])
 models = APIRouter(prefix="/v1/models", tags=["models"], dependencies=[Depends(require_api_key)])
 inference = APIRouter(tags=["inference"], dependencies=[Depends(require_api_key)])
 open_inference = APIRouter(prefix="/v2", tags=["open inference protocol (v2)"])
+admin = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(require_api_key)])
 
 # Bodies up to this size are parsed and answers rendered on the event loop (tens of microseconds); larger
 # ones in a worker thread, so that one big request never stalls the others or /health.
@@ -149,6 +151,15 @@ async def infer(
     metrics.BATCH_SIZE.labels(model.name).observe(len(batch))
     result = await state.batcher.submit(model, batch)
     return encode(result) if inline else await anyio.to_thread.run_sync(encode, result, limiter=limiter)
+
+
+@admin.post("/reload", responses={409: {"description": "the new models failed; the old ones still serve"}})
+async def reload(request: Request) -> dict[str, Any]:
+    """Verify and load the model directory afresh and swap it in atomically; a model that fails its checks
+    never replaces a good one (409, naming the file). With several worker processes, each must reload:
+    use DBF_RELOAD_POLL_SECONDS there."""
+    repository = await reload_repository(request.app)
+    return {"status": "reloaded", "models": sorted(repository.models), "default": repository.default}
 
 
 @open_inference.get("")

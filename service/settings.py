@@ -31,6 +31,8 @@ class Settings(BaseSettings):
     batching: bool = True
     batch_max_samples: int = Field(default=256, ge=1)
     batch_max_delay_ms: float = Field(default=0.0, ge=0, description="a batch's longest wait for more")
+    # Hot reload: POST /v1/admin/reload, or a poll of the model directory every this many seconds (0: off).
+    reload_poll_seconds: float = Field(default=0.0, ge=0)
     # Bearer token for predict, model and admin endpoints; /health, /ready and /metrics stay open.
     api_key: SecretStr | None = None
     require_gpu: bool = Field(default=False, description="refuse to start unless CUDA really runs the heads")

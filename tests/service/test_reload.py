@@ -1,0 +1,102 @@
+"""Hot reload of the model repository: verified first, swapped atomically, a bad model never in a good
+one's place."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.service.conftest import running_service
+from tests.service.test_service import HANDWRITTEN_DIMS, metric, zeros_sample
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+BODY = {"samples": [zeros_sample(**HANDWRITTEN_DIMS)]}
+PIE = {"samples": [{"views": {"intensity": [0.5] * 484}}]}
+
+
+def repository(tmp_path: Path, *names: str) -> Path:
+    root = tmp_path / "repository"
+    for name in names:
+        shutil.copytree(MODELS / name, root / name)
+    return root
+
+
+def models(url: str) -> list[str]:
+    return sorted(m["name"] for m in httpx.get(url + "/v1/models").json()["models"])
+
+
+def test_reload_adds_a_model_and_refuses_a_tampered_one(tmp_path):
+    root = repository(tmp_path, "handwritten")
+    with running_service("--model-dir", str(root)) as url:
+        before = httpx.post(url + "/predict", json=BODY).json()
+        shutil.copytree(MODELS / "pie", root / "pie")
+        answer = httpx.post(url + "/v1/admin/reload")
+        assert answer.status_code == 200 and answer.json()["models"] == ["handwritten", "pie"]
+        assert httpx.post(url + "/v1/models/pie/predict", json=PIE).status_code == 200
+        assert metric(url, "dbf_model_info", model="pie", view="gabor", provider="CPUExecutionProvider") == 1
+
+        # A bad new version of a served model: refused, naming the file; the good one serves on.
+        head = root / "handwritten" / "fac.onnx"
+        head.write_bytes(head.read_bytes()[:-10])
+        refused = httpx.post(url + "/v1/admin/reload")
+        assert refused.status_code == 409
+        assert refused.json()["error"]["type"] == "reload_failed"
+        assert str(head) in refused.json()["error"]["message"]
+        assert httpx.get(url + "/ready").status_code == 200
+        assert httpx.post(url + "/predict", json=BODY).json() == before
+        assert metric(url, "dbf_model_reloads_total", outcome="failure") == 1
+        assert metric(url, "dbf_model_reloads_total", outcome="success") == 1
+
+
+def test_requests_during_reloads_all_succeed(tmp_path):
+    """Reloading while requests run: every request is answered in full by one model or the other."""
+    root = repository(tmp_path, "handwritten")
+
+    async def traffic_and_reloads(url: str) -> tuple[list[int], list[int]]:
+        async with httpx.AsyncClient(timeout=30) as client:
+            stop = time.monotonic() + 4
+
+            async def user() -> list[int]:
+                statuses = []
+                while time.monotonic() < stop:
+                    statuses.append((await client.post(url + "/predict", json=BODY)).status_code)
+                return statuses
+
+            async def reloader() -> list[int]:
+                statuses = []
+                while time.monotonic() < stop:
+                    statuses.append((await client.post(url + "/v1/admin/reload")).status_code)
+                return statuses
+
+            *users, reloads = await asyncio.gather(*(user() for _ in range(8)), reloader())
+            return [s for u in users for s in u], reloads
+
+    with running_service("--model-dir", str(root)) as url:
+        statuses, reloads = asyncio.run(traffic_and_reloads(url))
+    assert set(statuses) == {200} and len(statuses) > 20
+    assert set(reloads) == {200} and len(reloads) >= 2
+
+
+def test_the_watcher_reloads_changes_and_keeps_serving_through_bad_ones(tmp_path):
+    root = repository(tmp_path, "handwritten")
+    env = {"DBF_RELOAD_POLL_SECONDS": "0.2"}
+    with running_service("--model-dir", str(root), env=env) as url:
+        # Staged beside the repository, then renamed in: a watcher must never see half a copy.
+        shutil.copytree(MODELS / "cub", tmp_path / "staging")
+        (tmp_path / "staging").rename(root / "cub")
+        deadline = time.monotonic() + 30
+        while models(url) != ["cub", "handwritten"]:
+            assert time.monotonic() < deadline, "the watcher did not load the new model"
+            time.sleep(0.2)
+        head = root / "cub" / "text.onnx"
+        head.write_bytes(head.read_bytes()[:-10])
+        deadline = time.monotonic() + 30
+        while metric(url, "dbf_model_reloads_total", outcome="failure") < 1:
+            assert time.monotonic() < deadline, "the watcher did not try the broken model"
+            time.sleep(0.2)
+        assert models(url) == ["cub", "handwritten"]
+        assert httpx.post(url + "/predict", json=BODY).status_code == 200
