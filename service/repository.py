@@ -6,7 +6,9 @@ raises :class:`ModelLoadError` naming the file at fault.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import logging
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -148,6 +150,10 @@ def _cuda_usable(probe: bytes) -> bool:
         return False
     onnxruntime.set_default_logger_severity(4)  # the probe's fallback error is expected: keep it quiet
     try:
+        # CUDA and cuDNN from pip's nvidia-* packages are on no library path: load them first when they are
+        # there (a CUDA base image has them on its own path; then this finds nothing and says so on stdout).
+        with contextlib.redirect_stdout(io.StringIO()):
+            onnxruntime.preload_dlls(directory="")
         session = onnxruntime.InferenceSession(probe, providers=[CUDA, CPU])
         usable = session.get_providers()[0] == CUDA
     except Exception:
