@@ -4,7 +4,8 @@ same uvicorn with the same settings (one worker, log level warning) and loaded b
 
 Goals (issue 7): single-sample HandWritten requests at concurrency 16, at least 0.8x the yardstick's
 requests/s; 256-sample requests, at least 1.5x its samples/s. Prints one row per case with throughput,
-p50/p99 latency and the ratio to the yardstick; asserts nothing.
+p50/p99 latency and the ratio to the yardstick (medians of alternated runs: shared machines are noisy);
+asserts nothing.
 
     python -m benchmarks.service [--seconds 10] [--cases single,batch256,...] [--sweep 1,16,256,1024]
 
@@ -19,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -56,6 +58,7 @@ class Case:
 CASES = {
     "single": Case("single", 1, 16),
     "single-unbatched": Case("single-unbatched", 1, 16, server_env=(("DBF_BATCHING", "false"),)),
+    "single-delay2ms": Case("single-delay2ms", 1, 16, server_env=(("DBF_BATCH_MAX_DELAY_MS", "2"),)),
     "batch256": Case("batch256", 256, 4),
     "batch256-unbatched": Case("batch256-unbatched", 256, 4, server_env=(("DBF_BATCHING", "false"),)),
     "v2-binary256": Case("v2-binary256", 256, 4, path="/v2/models/{model}/infer", binary=True),
@@ -77,6 +80,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--repeat", type=int, default=3, help="runs per case; medians are printed")
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--model-dir", type=Path, default=ROOT / "models" / "handwritten")
     parser.add_argument("--no-yardstick", action="store_true", help="only the service's own figures")
@@ -93,9 +97,12 @@ def main() -> None:
         sys.exit("wrk not found: apt-get install wrk")
     manifest = Manifest.model_validate_json((args.model_dir / "manifest.json").read_text())
     cases = [CASES[name] for name in args.cases.split(",")]
-    print(f"# service benchmark: model {manifest.name}, {args.seconds} s per case, wrk, one uvicorn worker")
+    print(
+        f"# service benchmark: model {manifest.name}, wrk, one uvicorn worker; per case the median of "
+        f"{args.repeat} runs of {args.seconds} s, yardstick and service alternated"
+    )
     print(f"# {os.cpu_count()} cores; ratio = service / yardstick (bare FastAPI + pydantic, constant answer)")
-    header = f"{'case':<14}{'samples':>8}{'conc':>5} {'server':<10}{'req/s':>9}{'samples/s':>11}"
+    header = f"{'case':<20}{'samples':>8}{'conc':>5} {'server':<10}{'req/s':>9}{'samples/s':>11}"
     print(header + f"{'p50 ms':>9}{'p99 ms':>9}{'ratio':>7}  notes")
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "post.lua"
@@ -108,25 +115,34 @@ def main() -> None:
                 body = Path(tmp) / f"{case.name}.bin"
                 content, headers = _binary_body(manifest, case.samples)
                 body.write_bytes(content)
-            baseline = None
-            if not args.no_yardstick:  # the same samples as JSON: the yardstick has no binary path
-                with _server(["uvicorn", "benchmarks.yardstick:app"], {}) as url:
-                    baseline = _wrk(
-                        url + "/predict",
-                        json_body,
-                        {"Content-Type": "application/json"},
-                        case,
-                        args.seconds,
-                        script,
-                    )
+            yardstick_runs, service_runs, provider = [], [], ""
+            for _ in range(args.repeat):  # alternated, so that a noisy neighbour hits both alike
+                if not args.no_yardstick:  # the same samples as JSON: the yardstick has no binary path
+                    with _server(["uvicorn", "benchmarks.yardstick:app"], {}) as url:
+                        json_headers = {"Content-Type": "application/json"}
+                        yardstick_runs.append(
+                            _wrk(url + "/predict", json_body, json_headers, case, args.seconds, script)
+                        )
+                with _server(["service", "--model-dir", str(args.model_dir)], dict(case.server_env)) as url:
+                    providers = httpx.get(url + "/v1/models").json()["models"][0]["providers"].values()
+                    provider = ",".join(sorted(set(providers)))
+                    path = case.path.format(model=manifest.name)
+                    service_runs.append(_wrk(url + path, body, headers, case, args.seconds, script))
+            baseline = _median(yardstick_runs) if yardstick_runs else None
+            if baseline:
                 _row(case, "yardstick", baseline, None, "")
-            with _server(["service", "--model-dir", str(args.model_dir)], dict(case.server_env)) as url:
-                provider = ",".join(
-                    sorted(set(httpx.get(url + "/v1/models").json()["models"][0]["providers"].values()))
-                )
-                path = case.path.format(model=manifest.name)
-                ours = _wrk(url + path, body, headers, case, args.seconds, script)
-            _row(case, "service", ours, baseline, provider)
+            _row(case, "service", _median(service_runs), baseline, provider)
+
+
+def _median(runs: list[Load]) -> Load:
+    """Per field, the median over the runs (socket errors and non-2xx answers: the sum)."""
+    return Load(
+        requests_per_s=statistics.median(r.requests_per_s for r in runs),
+        p50_ms=statistics.median(r.p50_ms for r in runs),
+        p99_ms=statistics.median(r.p99_ms for r in runs),
+        non_2xx=sum(r.non_2xx for r in runs),
+        errors=" ".join(r.errors for r in runs if r.errors),
+    )
 
 
 def _row(case: Case, server: str, load: Load, baseline: Load | None, notes: str) -> None:
@@ -134,7 +150,7 @@ def _row(case: Case, server: str, load: Load, baseline: Load | None, notes: str)
     if load.non_2xx or load.errors:
         notes += f" non-2xx {load.non_2xx} {load.errors}".rstrip()
     print(
-        f"{case.name:<14}{case.samples:>8}{case.concurrency:>5} {server:<10}{load.requests_per_s:>9.1f}"
+        f"{case.name:<20}{case.samples:>8}{case.concurrency:>5} {server:<10}{load.requests_per_s:>9.1f}"
         f"{load.requests_per_s * case.samples:>11.0f}{load.p50_ms:>9.2f}{load.p99_ms:>9.2f}{ratio}  {notes}",
         flush=True,
     )

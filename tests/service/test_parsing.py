@@ -1,0 +1,114 @@
+"""The JSON predict body parser: the fast path (msgspec, bulk numpy) gives exactly what the strict path
+gives, and every refusal carries the strict path's message."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from service.errors import InvalidInput, PayloadTooLarge
+from service.parsing import _parse_fast, _parse_strict, parse
+from service.repository import load_repository
+from service.settings import Settings
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+MODEL = load_repository(Settings(model_dir=MODELS / "handwritten")).get()
+DIMS = {view.name: view.dim for view in MODEL.manifest.views}
+NUMBERS = st.one_of(
+    st.floats(allow_nan=False, allow_infinity=False, width=32),
+    st.integers(-(10**6), 10**6),
+    st.sampled_from([0.0, -0.0, 1e-45, 3.4028234663852886e38, -3.4e38, 1e308]),
+)
+
+
+@st.composite
+def bodies(draw) -> bytes:
+    """Valid-looking bodies: any non-empty subset of views per sample, integers and extreme floats, optional
+    fusion options, random whitespace between tokens."""
+    samples = []
+    for _ in range(draw(st.integers(1, 4))):
+        names = draw(st.lists(st.sampled_from(sorted(DIMS)), min_size=1, max_size=6, unique=True))
+        samples.append(
+            {"views": {n: draw(st.lists(NUMBERS, min_size=DIMS[n], max_size=DIMS[n])) for n in names}}
+        )
+    body: dict = {"samples": samples}
+    if draw(st.booleans()):
+        body["method"] = draw(st.sampled_from(["dbf", "gbaf", "cbf", "bcf", "baf", "xyz"]))
+    if draw(st.booleans()):
+        body["lambda"] = draw(st.one_of(st.floats(0.1, 10), st.integers(1, 3), st.just(-1.0)))
+    separators = draw(st.sampled_from([(",", ":"), (", ", ": "), (",\n ", " :\t")]))
+    return json.dumps(body, separators=separators).encode()
+
+
+def outcome(parser, body: bytes):
+    try:
+        batch = parser(body, MODEL, 8)
+    except (InvalidInput, PayloadTooLarge) as error:
+        return type(error), error.message
+    if batch is None:
+        return None
+    return batch.method, batch.lam, batch.present.tolist(), {k: v.tolist() for k, v in batch.features.items()}
+
+
+@given(body=bodies())
+def test_the_fast_path_agrees_with_the_strict_one(body):
+    fast, strict = outcome(_parse_fast, body), outcome(_parse_strict, body)
+    assert fast is None or fast == strict  # None: the fast path declined, and the strict one decides
+    assert outcome(lambda b, m, n: parse(b, m, max_samples=n), body) == strict
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (
+            b'{"samples": [{"views": {"mor": [1, 2, 3, 4, 5, 6], "mor": [1, 2, 3, 4, 5, 6]}}]}',
+            "duplicate key",
+        ),
+        (
+            b'{"samples": [{"views": {"mor": [1, 2, 3, 4, 5, 6], "m\\u006fr": [1, 2, 3, 4, 5, 6]}}]}',
+            "duplicate",
+        ),
+        (b'{"samples": [], "samples": [{"views": {"mor": [1, 2, 3, 4, 5, 6]}}]}', "duplicate key"),
+        (
+            b'{"samples": [{"views": {"mor": [1, 2, 3, 4, 5, 1e39]}}]}',
+            "samples[0].views.mor: values must fit",
+        ),
+        (b'{"samples": [{"views": {"mor": [1, 2, 3, 4, 5, true]}}]}', "samples[0].views.mor[5]: every value"),
+        (b'{"samples": [{"views": {"mor": [1, 2, 3, 4, 5]}}]}', "samples[0].views.mor: expected 6 values"),
+        (
+            b'{"samples": [{"views": {"mor": [1, 2, 3, 4, 5, 6]}}], "lambda": 0}',
+            "'lambda' must be a positive",
+        ),
+        (b'{"samples": [{"views": {}}]}', "samples[0] has no views"),
+    ],
+)
+def test_refusals_carry_the_strict_message(raw, message):
+    with pytest.raises(InvalidInput) as caught:
+        parse(raw, MODEL, max_samples=8)
+    assert message in caught.value.message
+    assert _parse_fast(raw, MODEL, 8) is None
+
+
+def test_too_many_samples_is_a_413_on_both_paths():
+    body = json.dumps({"samples": [{"views": {"mor": [0.5] * 6}}] * 9}).encode()
+    for parser in (_parse_fast, _parse_strict):
+        with pytest.raises(PayloadTooLarge, match="9 samples in one request; at most 8"):
+            parser(body, MODEL, 8)
+
+
+def test_missing_views_are_zero_rows_and_absent():
+    body = (
+        b'{"samples": [{"views": {"mor": [1, 2, 3, 4, 5, 6]}}, {"views": {"kar": '
+        + json.dumps([0.25] * 64).encode()
+        + b"}}]}"
+    )
+    batch = _parse_fast(body, MODEL, 8)
+    assert batch is not None
+    assert batch.present[:, [list(DIMS).index("mor"), list(DIMS).index("kar")]].tolist() == [[1, 0], [0, 1]]
+    assert batch.features["mor"].dtype == np.float32 and batch.features["mor"][1].tolist() == [0.0] * 6
+    assert batch.features["kar"][1].tolist() == [0.25] * 64 and not batch.features["pix"].any()
