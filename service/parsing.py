@@ -80,8 +80,8 @@ def _parse_fast(body: bytes, model: LoadedModel, max_samples: int) -> Batch | No
         return None
     if len(samples) > max_samples:
         raise PayloadTooLarge(_too_many(len(samples), max_samples))
-    options = {key: value for key, value in (("method", decoded.method), ("lambda", decoded.lam))}
-    options = {key: value for key, value in options.items() if value is not msgspec.UNSET}
+    given = (("method", decoded.method), ("lambda", decoded.lam))
+    options = {key: value for key, value in given if value is not msgspec.UNSET}
     keys = 1 + len(options) + sum(1 + len(sample.views) for sample in samples)
     if len(_KEY.findall(body)) != keys:
         return None
