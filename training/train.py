@@ -88,6 +88,7 @@ def train_members(
     num_classes: int,
     config: TrainConfig,
     seeds: Sequence[int],
+    methods: Sequence[Method] | None = None,
     progress: bool | None = None,
 ) -> list[EvidentialHeads]:
     """Train M independent models at once, one per seed, each on its own data: as :func:`train` M times.
@@ -104,11 +105,17 @@ def train_members(
         Each member's scaled training features; N must be the same for all members.
     labels : M int arrays, each (N,)
     seeds : M ints
+    methods : M fusion methods, optional
+        Member m fuses with ``methods[m]`` in its loss (default: ``config.method`` for all). Put members of
+        one method next to each other: each such run is fused in one call (:func:`total_loss`).
     """
-    if not (len(views) == len(labels) == len(seeds)) or not seeds:
+    methods = [config.method] * len(seeds) if methods is None else list(methods)
+    if not (len(views) == len(labels) == len(seeds) == len(methods)) or not seeds:
         raise ValueError(
-            f"need one views, labels and seed per member: {len(views)}, {len(labels)}, {len(seeds)}"
+            "need one views, labels, seed and method per member: "
+            f"{len(views)}, {len(labels)}, {len(seeds)}, {len(methods)}"
         )
+    fusion_methods: Method | list[Method] = methods[0] if len(set(methods)) == 1 else methods
     members = []
     for seed in seeds:
         torch.manual_seed(seed)
@@ -150,7 +157,7 @@ def train_members(
             loss, fused = total_loss(
                 evidence,
                 labels_batch,
-                method=config.method,
+                method=fusion_methods,
                 lam=config.lam,
                 annealing=annealing,
                 beta=config.beta,
@@ -170,15 +177,37 @@ def train_members(
 
 
 class _StackedLinear(nn.Module):
-    """M linear layers applied to M inputs at once: ``(M, N, in) -> (M, N, out)``."""
+    """M linear layers applied to M inputs at once: ``(M, N, in) -> (M, N, out)``.
+
+    Weights are stored ``(M, out, in)`` as in :class:`torch.nn.Linear`, and the weight gradient is computed
+    as ``grad^T @ x`` (:class:`_BatchedLinear`): MKL's batched GEMM is 2x (forward) and 8x (weight
+    gradient) faster in that layout than in the one autograd picks for ``baddbmm`` (M=10, N=200, in=1024,
+    out=10: 2.3 vs 4.8 ms and 1.4 vs 11.7 ms on one core).
+    """
 
     def __init__(self, layers: Sequence[nn.Linear]) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.stack([layer.weight.detach().T for layer in layers]).contiguous())
+        self.weight = nn.Parameter(torch.stack([layer.weight.detach() for layer in layers]).contiguous())
         self.bias = nn.Parameter(torch.stack([layer.bias.detach()[None, :] for layer in layers]).contiguous())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.baddbmm(self.bias, x, self.weight)
+        return _BatchedLinear.apply(x, self.weight, self.bias)
+
+
+class _BatchedLinear(torch.autograd.Function):
+    """``x @ weight^T + bias`` for (M, N, in), (M, out, in), (M, 1, out), with the fast gradient layouts."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        return torch.baddbmm(bias, x, weight.transpose(1, 2))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        grad_x = torch.bmm(grad, weight) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.bmm(grad.transpose(1, 2), x)
+        return grad_x, grad_weight, grad.sum(1, keepdim=True)
 
 
 class _StackedHeads(nn.Module):
@@ -213,7 +242,7 @@ class _StackedHeads(nn.Module):
                 for v, layers in enumerate(self.views):
                     for i, layer in enumerate(layers):
                         linear = member.heads[v].net[2 * i]
-                        linear.weight.copy_(layer.weight[m].T)
+                        linear.weight.copy_(layer.weight[m])
                         linear.bias.copy_(layer.bias[m, 0])
         return [member.eval() for member in members]
 

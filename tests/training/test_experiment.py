@@ -90,3 +90,17 @@ def test_grid_trains_seeds_together_and_draws_the_lambda_sweep(tmp_path):
     assert results[0]["acc_normal"] == run(specs[0])["acc_normal"]  # a member trains as it would alone
     write_results(results, tmp_path)
     assert (tmp_path / "lambda_sweep.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_methods_train_together_as_each_would_alone():
+    specs = [
+        RunSpec(dataset="synthetic", method=method, seed=seed, epochs=3)
+        for method in ("gbaf", "bcf")
+        for seed in (0, 1)
+    ]
+    results = run_grid(specs, None, workers=1)
+    assert [(r["method"], r["seed"]) for r in results] == [("gbaf", 0), ("gbaf", 1), ("bcf", 0), ("bcf", 1)]
+    assert all(r["trained_together"] == 4 for r in results)
+    for spec, result in zip(specs, results, strict=True):
+        alone = run(spec)
+        assert (result["acc_normal"], result["auc"]) == (alone["acc_normal"], alone["auc"])
