@@ -3,8 +3,10 @@
 ``python -m training download [--data-dir DIR] [--dataset NAME ...] [--mirror URL]``
 
 ``python -m training experiment --dataset NAME[,NAME] --methods dbf,gbaf --seeds 0,1 --out DIR
-[--data-dir DIR] [--protocol heldout|paper] [--lambda L] [--epochs E] [--activation exp,softplus|paper]
+[--data-dir DIR] [--protocol heldout|paper] [--lambda L[,L]] [--epochs E] [--activation exp,softplus|paper]
 [--workers W]``
+
+``python -m training summarise DIR [DIR ...]``
 """
 
 from __future__ import annotations
@@ -39,13 +41,14 @@ def _experiment(args: argparse.Namespace) -> int:
             method=method,
             seed=seed,
             protocol=args.protocol,
-            lam=args.lam,
+            lam=lam,
             activation=paper_activation(method) if activation == "paper" else activation,
             epochs=args.epochs,
             hidden=args.hidden,
         )
         for dataset in args.dataset
         for method in args.methods
+        for lam in args.lambdas
         for activation in args.activation
         for seed in args.seeds
     ]
@@ -60,6 +63,22 @@ def _experiment(args: argparse.Namespace) -> int:
         )
     print(f"{len(results)} runs in {wall / 60:.1f} min with {args.workers} workers")
     print(f"wrote {write_results(results, args.out, wall_seconds=wall)}")
+    return 0
+
+
+def _summarise(args: argparse.Namespace) -> int:
+    import json
+
+    from training.experiment import summary_markdown
+
+    results = []
+    for directory in args.dirs:
+        try:
+            results += json.loads((directory / "results.json").read_text())["results"]
+        except (OSError, ValueError, KeyError) as error:
+            print(f"error: {directory / 'results.json'}: {error}", file=sys.stderr)
+            return 1
+    sys.stdout.write(summary_markdown(results))
     return 0
 
 
@@ -130,7 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     grid.add_argument("--data-dir", type=Path, default=Path(os.environ.get("DBF_DATA_DIR", "data")))
     grid.add_argument("--out", type=Path, required=True)
     grid.add_argument("--protocol", choices=["heldout", "paper"], default="heldout")
-    grid.add_argument("--lambda", dest="lam", type=float, default=1.0)
+    grid.add_argument(
+        "--lambda",
+        dest="lambdas",
+        type=lambda s: [float(x) for x in _names(s)],
+        default=[1.0],
+        help="comma-separated DBF strictness values (several: a sweep, plotted as lambda_sweep.png)",
+    )
     grid.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS)
     grid.add_argument(
         "--activation",
@@ -141,6 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     grid.add_argument("--hidden", type=lambda s: tuple(int(x) for x in _names(s)), default=())
     grid.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     grid.set_defaults(run=_experiment)
+
+    summary = commands.add_parser(
+        "summarise", help="print the tables of one or more experiment outputs together (rows by setting)"
+    )
+    summary.add_argument("dirs", type=Path, nargs="+", help="directories holding results.json")
+    summary.set_defaults(run=_summarise)
 
     out = commands.add_parser(
         "export", help="train with the default settings and write an ONNX model repository entry"

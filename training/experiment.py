@@ -220,6 +220,21 @@ def summary_table(results: Sequence[dict[str, object]], *, metric: str) -> str:
     return "\n".join(lines)
 
 
+SUMMARY_SECTIONS = (
+    ("AUROC of conflictive-sample detection by fused uncertainty", "auc"),
+    ("Accuracy on the clean test set", "acc_normal"),
+    ("Accuracy on the conflictive test set", "acc_conflict"),
+    ("Expected calibration error on the clean test set", "ece"),
+)
+
+
+def summary_markdown(results: Sequence[dict[str, object]]) -> str:
+    """The paper's tables (AUROC, clean and conflictive accuracy) and ECE, as markdown sections."""
+    return "\n".join(
+        f"## {title}\n\n{summary_table(results, metric=metric)}\n" for title, metric in SUMMARY_SECTIONS
+    )
+
+
 def _row(result: dict[str, object]) -> tuple[str, str, tuple[int, ...]]:
     return str(result["method"]), str(result.get("activation", "")), tuple(result.get("hidden", ()))
 
@@ -240,13 +255,7 @@ def write_results(
     if wall_seconds is not None:
         document["wall_seconds"] = round(wall_seconds, 1)
     (out / "results.json").write_text(json.dumps(document, indent=1) + "\n")
-    sections = [
-        ("AUROC of conflictive-sample detection by fused uncertainty", "auc"),
-        ("Accuracy on the clean test set", "acc_normal"),
-        ("Accuracy on the conflictive test set", "acc_conflict"),
-    ]
-    text = [f"## {title}\n\n{summary_table(results, metric=metric)}\n" for title, metric in sections]
-    (out / "results.md").write_text("\n".join(text))
+    (out / "results.md").write_text(summary_markdown(results))
     arrays = {}
     for i, r in enumerate(results):  # keyed by the run's index in results.json
         arrays[f"{i}_normal"] = r["_u_normal"]

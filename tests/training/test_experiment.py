@@ -9,8 +9,17 @@ import sys
 import numpy as np
 import pytest
 
+from training.__main__ import main
 from training.data import load, synthetic
-from training.experiment import RunSpec, make_splits, run, run_grid, summary_table, write_results
+from training.experiment import (
+    SUMMARY_SECTIONS,
+    RunSpec,
+    make_splits,
+    run,
+    run_grid,
+    summary_table,
+    write_results,
+)
 
 
 @pytest.mark.parametrize("protocol", ["heldout", "paper"])
@@ -104,3 +113,36 @@ def test_methods_train_together_as_each_would_alone():
     for spec, result in zip(specs, results, strict=True):
         alone = run(spec)
         assert (result["acc_normal"], result["auc"]) == (alone["acc_normal"], alone["auc"])
+
+
+def test_summarise_labels_rows_by_setting_where_it_varies(tmp_path, capsys):
+    for activation in ("exp", "softplus"):
+        specs = [RunSpec(dataset="synthetic", activation=activation, seed=seed, epochs=2) for seed in (0, 1)]
+        write_results(run_grid(specs, None, workers=1), tmp_path / activation)
+    assert main(["summarise", str(tmp_path / "exp"), str(tmp_path / "softplus")]) == 0
+    tables = capsys.readouterr().out
+    assert tables.count("| DBF (exp) | ") == tables.count("| DBF (softplus) | ") == len(SUMMARY_SECTIONS)
+    assert main(["summarise", str(tmp_path / "exp")]) == 0
+    assert "| DBF | " in capsys.readouterr().out  # one setting: plain method names, as the paper
+    assert main(["summarise", str(tmp_path / "missing")]) == 1
+
+
+def test_experiment_command_sweeps_lambda(tmp_path, capsys):
+    argv = ["experiment", "--dataset", "synthetic", "--lambda", "0.5,2", "--epochs", "2", "--workers", "1"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    document = json.loads((tmp_path / "results.json").read_text())
+    assert [r["lambda"] for r in document["results"]] == [0.5, 2.0]
+    assert document["wall_seconds"] > 0
+    assert (tmp_path / "lambda_sweep.png").read_bytes().startswith(b"\x89PNG")
+    assert "2 runs in" in capsys.readouterr().out
+
+
+def test_activation_paper_is_the_papers_table_3_setup(tmp_path):
+    argv = ["experiment", "--dataset", "synthetic", "--methods", "dbf,gbaf,bcf", "--activation", "paper"]
+    assert main([*argv, "--epochs", "2", "--workers", "1", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert {r["method"]: r["activation"] for r in results} == {
+        "dbf": "exp",
+        "gbaf": "softplus",
+        "bcf": "softplus",
+    }
