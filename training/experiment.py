@@ -172,14 +172,29 @@ def run_grid(
 ) -> list[dict[str, object]]:
     """Run every spec. Runs that differ only in their seed and method train together (:func:`run_together`);
     the groups go to ``workers`` processes, each torch single-threaded (these small models train fastest
-    one per core), largest dataset first so that the small ones fill in at the end. Results come back in
-    the order of ``specs``."""
+    one per core), largest dataset first so that the small ones fill in at the end. With fewer groups than
+    workers, the largest groups are halved until every worker has one. Results come back in the order of
+    ``specs``."""
     specs = list(specs)
-    groups: dict[RunSpec, list[int]] = {}
+    grouped: dict[RunSpec, list[int]] = {}
     for i, spec in enumerate(specs):
-        groups.setdefault(replace(spec, seed=0, method="dbf"), []).append(i)
-    keys = sorted(groups, key=lambda key: -_expected_cost(key, data_dir))
-    batches = [[specs[i] for i in groups[key]] for key in keys]
+        grouped.setdefault(replace(spec, seed=0, method="dbf"), []).append(i)
+    groups = [
+        sorted(members, key=lambda i: (METHODS.index(specs[i].method), specs[i].seed))
+        for members in grouped.values()
+    ]
+
+    def cost(group: list[int]) -> float:
+        return _expected_cost(specs[group[0]], data_dir) * len(group)
+
+    while len(groups) < workers:
+        largest = max(groups, key=cost)
+        if len(largest) < 2:
+            break
+        groups.remove(largest)
+        groups += [largest[: len(largest) // 2], largest[len(largest) // 2 :]]
+    groups.sort(key=cost, reverse=True)
+    batches = [[specs[i] for i in group] for group in groups]
     if workers <= 1:
         _configure_worker()
         outcomes = [run_together(batch, data_dir) for batch in batches]
@@ -187,14 +202,14 @@ def run_grid(
         with ProcessPoolExecutor(max_workers=workers, initializer=_configure_worker) as pool:
             outcomes = list(pool.map(run_together, batches, [data_dir] * len(batches)))
     results: list[dict[str, object]] = [{}] * len(specs)
-    for key, outcome in zip(keys, outcomes, strict=True):
-        for i, result in zip(groups[key], outcome, strict=True):
+    for group, outcome in zip(groups, outcomes, strict=True):
+        for i, result in zip(group, outcome, strict=True):
             results[i] = result
     return results
 
 
 def _expected_cost(spec: RunSpec, data_dir: str | os.PathLike[str] | None) -> float:
-    """Relative training time of a group: its number of training steps (samples x epochs)."""
+    """Relative training time of one run: its number of training steps (samples x epochs)."""
     return len(_load(spec.dataset, str(data_dir) if data_dir is not None else None).labels) * spec.epochs
 
 

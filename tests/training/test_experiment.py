@@ -146,3 +146,10 @@ def test_activation_paper_is_the_papers_table_3_setup(tmp_path):
         "gbaf": "softplus",
         "bcf": "softplus",
     }
+
+
+def test_grid_halves_groups_until_every_worker_has_one():
+    specs = [RunSpec(dataset="synthetic", method=method, seed=0, epochs=2) for method in ("dbf", "gbaf")]
+    results = run_grid(specs, None, workers=2)
+    assert [(r["method"], r["trained_together"]) for r in results] == [("dbf", 1), ("gbaf", 1)]
+    assert results[1]["auc"] == run(specs[1])["auc"]
