@@ -114,6 +114,10 @@ def children(model: str, method: str, views: list[str]) -> ModelChildren:
     return _children(model, method, tuple(views))
 
 
+# Up to this many values, observe() one by one beats the bulk path's numpy calls (single-sample requests).
+_OBSERVE_ONE_BY_ONE = 4
+
+
 def observe_many(histogram: Histogram, values: np.ndarray) -> None:
     """``histogram.observe(x)`` for every x in ``values``, with one update per bucket.
 
@@ -122,7 +126,9 @@ def observe_many(histogram: Histogram, values: np.ndarray) -> None:
     multiprocess mode too. tests/service/test_metrics.py checks it against ``observe``.
     """
     values = np.asarray(values, dtype=np.float64).ravel()
-    if values.size == 0:
+    if values.size <= _OBSERVE_ONE_BY_ONE:
+        for value in values.tolist():
+            histogram.observe(value)
         return
     bounds = np.asarray(histogram._upper_bounds)
     counts = np.bincount(np.searchsorted(bounds, values, side="left"), minlength=len(bounds))

@@ -102,24 +102,26 @@ def _parse_fast(body: bytes, model: LoadedModel, max_samples: int) -> Batch | No
             present[i, v] = True
             counts[v] += 1
     features, total = {}, 0.0
-    for v, view in enumerate(views):
-        count = counts[v]
-        if count == 0:
-            features[view.name] = np.zeros((len(samples), view.dim), np.float32)
-            continue
-        try:
-            with np.errstate(over="ignore"):  # beyond float32: infinity, refused below
+    with np.errstate(over="ignore"):  # beyond float32: infinity, refused below
+        for v, view in enumerate(views):
+            count = counts[v]
+            if count == 0:
+                features[view.name] = np.zeros((len(samples), view.dim), np.float32)
+                continue
+            try:
                 values = np.array([s.views[view.name] for s in samples if view.name in s.views], np.float32)
-        except ValueError:  # ragged
-            return None
-        if values.shape != (count, view.dim):
-            return None
-        total += float(values.sum(dtype=np.float64))  # infinite iff a value is (one reduction per view)
-        if count < len(samples):
-            full = np.zeros((len(samples), view.dim), np.float32)
-            full[present[:, v]] = values
-            values = full
-        features[view.name] = values
+            except ValueError:  # ragged
+                return None
+            if values.shape != (count, view.dim):
+                return None
+            # Infinite if a value is, or (rarely) if finite ones overflow float32's sum: either way the strict
+            # parser decides. One float32 reduction per view: a float64 sum costs 4x more here.
+            total += float(np.add.reduce(values, axis=None))
+            if count < len(samples):
+                full = np.zeros((len(samples), view.dim), np.float32)
+                full[present[:, v]] = values
+                values = full
+            features[view.name] = values
     if not math.isfinite(total):
         return None
     return Batch(features, present, method, lam)
