@@ -19,7 +19,7 @@ from training.loss import (
     kl_to_uniform,
     total_loss,
 )
-from training.train import TrainConfig, predict_evidence, train
+from training.train import TrainConfig, _BatchedLinear, predict_evidence, train
 
 
 def test_capped_exp_is_exponential_then_flat_and_never_overflows():
@@ -148,3 +148,15 @@ def test_training_learns_and_is_deterministic():
         train_views, train_labels, num_classes=3, config=TrainConfig(epochs=30, batch_size=60, seed=4)
     )
     assert not np.array_equal(evidence, predict_evidence(other, test_views))
+
+
+def test_stacked_linear_layers_have_the_gradient_of_separate_ones():
+    """The stacked layers' hand-written backward (weights (M, out, in)) against autograd's."""
+
+    torch.manual_seed(2)
+    x = torch.randn(3, 5, 4, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(3, 2, 4, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(3, 1, 2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(_BatchedLinear.apply, (x, weight, bias))
+    expected = torch.stack([torch.nn.functional.linear(x[m], weight[m], bias[m, 0]) for m in range(3)])
+    torch.testing.assert_close(_BatchedLinear.apply(x, weight, bias), expected)
