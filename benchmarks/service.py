@@ -108,9 +108,9 @@ def main() -> None:
         script = Path(tmp) / "post.lua"
         script.write_text(WRK_SCRIPT)
         for case in cases:
-            json_body = Path(tmp) / f"{case.name}.json"
-            json_body.write_bytes(_json_body(manifest, case.samples))
-            body, headers = json_body, {"Content-Type": "application/json"}
+            json_path = Path(tmp) / f"{case.name}.json"
+            json_path.write_bytes(json_body(manifest, case.samples))
+            body, headers = json_path, {"Content-Type": "application/json"}
             if case.binary:
                 body = Path(tmp) / f"{case.name}.bin"
                 content, headers = _binary_body(manifest, case.samples)
@@ -121,7 +121,7 @@ def main() -> None:
                     with _server(["uvicorn", "benchmarks.yardstick:app"], {}) as url:
                         json_headers = {"Content-Type": "application/json"}
                         yardstick_runs.append(
-                            _wrk(url + "/predict", json_body, json_headers, case, args.seconds, script)
+                            _wrk(url + "/predict", json_path, json_headers, case, args.seconds, script)
                         )
                 with _server(["service", "--model-dir", str(args.model_dir)], dict(case.server_env)) as url:
                     providers = httpx.get(url + "/v1/models").json()["models"][0]["providers"].values()
@@ -156,7 +156,7 @@ def _row(case: Case, server: str, load: Load, baseline: Load | None, notes: str)
     )
 
 
-def _json_body(manifest: Manifest, n: int) -> bytes:
+def json_body(manifest: Manifest, n: int) -> bytes:
     rng = np.random.default_rng(0)
     samples = [{"views": {v.name: rng.random(v.dim).tolist() for v in manifest.views}} for _ in range(n)]
     return json.dumps({"samples": samples}).encode()

@@ -9,10 +9,11 @@ from importlib import metadata
 from typing import Any
 
 import anyio
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from service import errors, metrics, routes
+from service.auth import require_api_key
 from service.batching import MicroBatcher
 from service.reload import serve, watch_repository
 from service.repository import ModelLoadError, load_repository
@@ -58,11 +59,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         else None
     )
     errors.install(app)
+    # Predict first: routes are matched in order, and it is the one that carries the load. Without an API
+    # key there is nothing to check, so no dependency to solve on every request.
+    guard = [Depends(require_api_key)] if settings.api_key is not None else []
+    for router in routes.PROTECTED:
+        app.include_router(router, dependencies=guard)
     app.include_router(routes.probes)
-    app.include_router(routes.models)
-    app.include_router(routes.inference)
-    app.include_router(routes.open_inference)
-    app.include_router(routes.admin)
+    app.include_router(routes.open_inference_probes)
     metrics.BUILD.labels(_version()).set(1)
     app.openapi = lambda: _openapi(app)
     return app

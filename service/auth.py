@@ -1,7 +1,9 @@
 """Optional bearer-token authentication (``DBF_API_KEY``) for predict, model and admin endpoints.
 
 ``/health``, ``/ready`` and ``/metrics`` stay open: probes and scrapers carry no secrets, and they reveal
-nothing a caller could use (protect /metrics at the network level if that matters to you).
+nothing a caller could use (protect /metrics at the network level if that matters to you). The app
+attaches the check only when a key is set (:func:`service.app.create_app`): without one there is nothing
+to check, nor a dependency to solve on every request, and the OpenAPI schema asks for no token.
 """
 
 from __future__ import annotations

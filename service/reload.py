@@ -5,6 +5,7 @@ directory (``DBF_RELOAD_POLL_SECONDS``)."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 
 import anyio
@@ -32,6 +33,11 @@ def serve(app: FastAPI, repository: Repository) -> None:
         {m.name: m.manifest.conflict_flag.target_false_positive_rate for m in loaded},
     )
     app.state.repository = repository
+    # The application and its models live on: keep them out of the garbage collector's full passes, which
+    # otherwise walk every object at each one (tens of ms of stalled event loop: the p99 latency under load).
+    # Frozen objects are still freed by reference counting when a reload drops them.
+    gc.collect()
+    gc.freeze()
 
 
 async def reload_repository(app: FastAPI) -> Repository:

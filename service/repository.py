@@ -46,6 +46,11 @@ class LoadedModel:
         """View name -> its position in the manifest (and in every (N, V, ...) array)."""
         return {view.name: v for v, view in enumerate(self.manifest.views)}
 
+    @cached_property
+    def view_layout(self) -> tuple[tuple[str, int, list[float]], ...]:
+        """Per view in the manifest's order: its name, its dimension and that many zeros (a view not sent)."""
+        return tuple((view.name, view.dim, [0.0] * view.dim) for view in self.manifest.views)
+
 
 @dataclass(frozen=True)
 class Repository:

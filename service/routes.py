@@ -9,23 +9,26 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from service import metrics, v2
-from service.auth import require_api_key
 from service.errors import ModelNotFound, NotReady, Overloaded, PayloadTooLarge, UnsupportedMediaType
 from service.parsing import Batch, parse
 from service.reload import reload_repository
 from service.repository import LoadedModel, Repository
 from service.runtime import Result, predict, render
 
+# Open to all: liveness, readiness and metrics (the Open Inference Protocol's too).
 probes = APIRouter(tags=["probes"])
-models = APIRouter(prefix="/v1/models", tags=["models"], dependencies=[Depends(require_api_key)])
-inference = APIRouter(tags=["inference"], dependencies=[Depends(require_api_key)])
+open_inference_probes = APIRouter(prefix="/v2", tags=["open inference protocol (v2)"])
+# Behind DBF_API_KEY when the service has one (service.app attaches service.auth.require_api_key to these).
+inference = APIRouter(tags=["inference"])
 open_inference = APIRouter(prefix="/v2", tags=["open inference protocol (v2)"])
-admin = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(require_api_key)])
+models = APIRouter(prefix="/v1/models", tags=["models"])
+admin = APIRouter(prefix="/v1/admin", tags=["admin"])
+PROTECTED = (inference, open_inference, models, admin)
 
 # Bodies up to this size are parsed and answers rendered on the event loop (tens of microseconds); larger
 # ones in a worker thread, so that one big request never stalls the others or /health.
@@ -162,37 +165,36 @@ async def reload(request: Request) -> dict[str, Any]:
     return {"status": "reloaded", "models": sorted(repository.models), "default": repository.default}
 
 
-@open_inference.get("")
+@open_inference_probes.get("")
 def v2_server(request: Request) -> dict[str, Any]:
     """Server metadata (Open Inference Protocol)."""
     return {"name": "dbf-serve", "version": request.app.version, "extensions": ["binary_tensor_data"]}
 
 
-@open_inference.get("/health/live")
+@open_inference_probes.get("/health/live")
 def v2_live() -> dict[str, bool]:
     return {"live": True}
 
 
-@open_inference.get("/health/ready", responses={503: {"description": "models not loaded"}})
+@open_inference_probes.get("/health/ready", responses={503: {"description": "models not loaded"}})
 def v2_ready(request: Request) -> JSONResponse:
     ready = request.app.state.repository is not None
     return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
 
 
-@open_inference.get("/models/{name}", dependencies=[Depends(require_api_key)], responses={404: {}})
+@open_inference.get("/models/{name}", responses={404: {}})
 def v2_model(name: str, request: Request) -> dict[str, Any]:
     """The input tensors (one FP32 [N, dim] per view) and output tensors of a model."""
     return v2.metadata(_model(request, name))
 
 
-@open_inference.get("/models/{name}/ready", dependencies=[Depends(require_api_key)], responses={404: {}})
+@open_inference.get("/models/{name}/ready", responses={404: {}})
 def v2_model_ready(name: str, request: Request) -> dict[str, Any]:
     return {"name": _model(request, name).name, "ready": True}
 
 
 @open_inference.post(
     "/models/{name}/infer",
-    dependencies=[Depends(require_api_key)],
     responses={400: {}, 404: {}, 413: {}, 503: {}},
     openapi_extra={
         "requestBody": {

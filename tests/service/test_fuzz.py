@@ -64,11 +64,14 @@ def mutated_bodies(draw) -> bytes:
         )
         views = sample.get("views") if isinstance(sample, dict) else None
         view = draw(st.sampled_from(sorted(views))) if isinstance(views, dict) and views else None
+        # The view's list (possibly emptied by an earlier resize), or None: no view, or an "extra" mutation
+        # replaced the views by arbitrary JSON.
+        values = views[view] if view and isinstance(views[view], list) else None
         kind = draw(
             st.sampled_from(["replace", "drop", "rename", "resize", "extra", "nest", "number", "top", "many"])
         )
-        if kind == "replace" and view:
-            views[view][draw(st.integers(0, len(views[view]) - 1))] = draw(JSON_VALUES)
+        if kind == "replace" and values:
+            values[draw(st.integers(0, len(values) - 1))] = draw(JSON_VALUES)
         elif kind == "replace" and view is None:
             body["samples"] = draw(JSON_VALUES)
         elif kind == "drop":
@@ -81,10 +84,8 @@ def mutated_bodies(draw) -> bytes:
                 body.pop(target, None)
         elif kind == "rename" and view:
             views[draw(st.text(min_size=1, max_size=6))] = views.pop(view)
-        elif kind == "resize" and view:
-            views[view] = views[view][: draw(st.integers(0, len(views[view]) + 3))] + [0.5] * draw(
-                st.integers(0, 3)
-            )
+        elif kind == "resize" and values is not None:
+            views[view] = values[: draw(st.integers(0, len(values) + 3))] + [0.5] * draw(st.integers(0, 3))
         elif kind == "extra":
             (sample if isinstance(sample, dict) and draw(st.booleans()) else body)[
                 draw(st.text(max_size=6))
@@ -95,8 +96,8 @@ def mutated_bodies(draw) -> bytes:
             body = draw(JSON_VALUES)
         elif kind == "many":
             body["samples"] = random_samples(draw(st.integers(9, 12)))  # over DBF_MAX_SAMPLES
-        elif kind == "number" and view:
-            views[view][0] = "@NUMBER@"
+        elif kind == "number" and values:
+            values[0] = "@NUMBER@"
     text = json.dumps(body, allow_nan=True)
     number = draw(st.sampled_from(["1e999", "-1e400", "9" * 400, "NaN", "Infinity", "1e39", "-0", "4e38"]))
     text = text.replace('"@NUMBER@"', number)

@@ -17,6 +17,8 @@ import httpx
 import numpy as np
 import pytest
 
+from service.app import create_app
+from service.settings import Settings
 from tests.service.conftest import free_port, running_service
 from tests.service.test_service import HANDWRITTEN_DIMS, zeros_sample
 
@@ -52,6 +54,23 @@ def test_bearer_token_guards_predict_and_models_but_not_probes():
         assert 'dbf_errors_total{reason="unauthorized"}' in metrics
         schema = httpx.get(url + "/openapi.json").json()
         assert "HTTPBearer" in schema["components"]["securitySchemes"]
+
+
+def test_the_schema_asks_for_a_token_exactly_where_one_is_checked():
+    open_schema = create_app(Settings(model_dir=Path(HANDWRITTEN))).openapi()
+    assert "securitySchemes" not in open_schema["components"]  # no key: nothing to send, nothing checked
+    guarded = create_app(Settings(model_dir=Path(HANDWRITTEN), api_key="k")).openapi()
+    paths = guarded["paths"]
+    for path, method in (
+        ("/predict", "post"),
+        ("/v1/models/{name}/predict", "post"),
+        ("/v1/models", "get"),
+        ("/v2/models/{name}/infer", "post"),
+        ("/v1/admin/reload", "post"),
+    ):
+        assert paths[path][method]["security"] == [{"HTTPBearer": []}], path
+    for path in ("/health", "/ready", "/metrics", "/v2", "/v2/health/live", "/v2/health/ready"):
+        assert "security" not in paths[path]["get"], path
 
 
 def test_overload_is_shed_at_once_with_retry_after():

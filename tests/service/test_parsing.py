@@ -74,6 +74,10 @@ def test_the_fast_path_agrees_with_the_strict_one(body):
             "duplicate",
         ),
         (b'{"samples": [], "samples": [{"views": {"mor": [1, 2, 3, 4, 5, 6]}}]}', "duplicate key"),
+        (  # whitespace before a colon: the colon count alone cannot vouch for the keys
+            b'{"samples": [{"views": {"mor" : [1, 2, 3, 4, 5, 6], "mor"\n: [1, 2, 3, 4, 5, 6]}}]}',
+            "duplicate key",
+        ),
         (
             b'{"samples": [{"views": {"mor": [1, 2, 3, 4, 5, 1e39]}}]}',
             "samples[0].views.mor: values must fit",
@@ -92,6 +96,20 @@ def test_refusals_carry_the_strict_message(raw, message):
         parse(raw, MODEL, max_samples=8)
     assert message in caught.value.message
     assert _parse_fast(raw, MODEL, 8) is None
+
+
+@pytest.mark.parametrize("separators", [(",", ":"), (", ", ": "), (",\n ", " :\t")])
+@pytest.mark.parametrize("n", [1, 3])
+def test_ordinary_bodies_take_the_fast_path(separators, n):
+    rng = np.random.default_rng(n)
+    samples = [{"views": {name: rng.random(dim).tolist() for name, dim in DIMS.items()}} for _ in range(n)]
+    body = json.dumps({"samples": samples, "method": "dbf", "lambda": 2}, separators=separators).encode()
+    batch = _parse_fast(body, MODEL, 8)
+    assert batch is not None and outcome(_parse_fast, body) == outcome(_parse_strict, body)
+    for name, dim in DIMS.items():  # what onnxruntime is handed: C-ordered (N, dim) float32
+        features = batch.features[name]
+        assert features.shape == (n, dim) and features.dtype == np.float32 and features.flags.c_contiguous
+        assert features.tolist() == np.array([s["views"][name] for s in samples], np.float32).tolist()
 
 
 def test_too_many_samples_is_a_413_on_both_paths():
