@@ -16,7 +16,7 @@ from service import errors, metrics, routes
 from service.auth import require_api_key
 from service.batching import MicroBatcher
 from service.reload import serve, watch_repository
-from service.repository import ModelLoadError, load_repository
+from service.repository import ModelLoadError, load_repository, repository_fingerprint
 from service.runtime import predict
 from service.settings import Settings
 
@@ -29,6 +29,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Before loading: a change made while the models load is then seen, and reloaded, by the watcher.
+        seen = repository_fingerprint(settings.model_dir) if settings.reload_poll_seconds > 0 else ()
         try:
             serve(app, load_repository(settings))
         except ModelLoadError as error:
@@ -37,7 +39,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise SystemExit(1) from None
         async with anyio.create_task_group() as tasks:
             if settings.reload_poll_seconds > 0:
-                tasks.start_soon(watch_repository, app, settings.reload_poll_seconds)
+                tasks.start_soon(watch_repository, app, settings.reload_poll_seconds, seen)
             yield
             tasks.cancel_scope.cancel()
 

@@ -4,6 +4,7 @@ list, reasons from the error types; nothing per request."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -82,6 +83,24 @@ def initialise(
         RELOADS.labels(outcome)
 
 
+_DESCRIBED: set[tuple[str, str, str]] = set()  # this process's dbf_model_info series at 1
+
+
+def describe_models(heads: Iterable[tuple[str, str, str]]) -> None:
+    """``dbf_model_info`` 1 for each (model, view, provider) loaded now; a head loaded before but not now
+    loses its series, or, in multiprocess mode, where series live on in the worker's file, reads 0."""
+    heads = set(heads)
+    for gone in _DESCRIBED - heads:
+        if _multiprocess():
+            MODEL_INFO.labels(*gone).set(0)
+        else:
+            MODEL_INFO.remove(*gone)
+    for head in heads:
+        MODEL_INFO.labels(*head).set(1)
+    _DESCRIBED.clear()
+    _DESCRIBED.update(heads)
+
+
 @dataclass(frozen=True)
 class ViewChildren:
     discount: Histogram
@@ -140,8 +159,13 @@ def observe_many(histogram: Histogram, values: np.ndarray) -> None:
 
 def exposition() -> bytes:
     """The metrics text: this process's, or every worker's together in multiprocess mode."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if _multiprocess():
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
         return generate_latest(registry)
     return generate_latest()
+
+
+def _multiprocess() -> bool:
+    """Whether worker processes share their metrics through files (``python -m service --workers N``)."""
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))

@@ -22,10 +22,9 @@ def serve(app: FastAPI, repository: Repository) -> None:
     """Make ``repository`` the one requests use, in one assignment: a request already running keeps the
     model it started with, every later one gets the new. Metric series follow the new models."""
     loaded = repository.models.values()
-    metrics.MODEL_INFO.clear()
-    for model in loaded:
-        for view, provider in model.providers.items():
-            metrics.MODEL_INFO.labels(model.name, view, provider).set(1)
+    metrics.describe_models(
+        (model.name, view, provider) for model in loaded for view, provider in model.providers.items()
+    )
     metrics.initialise(
         {m.name: [v.name for v in m.manifest.views] for m in loaded},
         METHODS,
@@ -56,9 +55,9 @@ async def reload_repository(app: FastAPI) -> Repository:
         return repository
 
 
-async def watch_repository(app: FastAPI, every: float) -> None:
-    """Reload when a file of the model directory changes (each worker process watches for itself)."""
-    seen = await anyio.to_thread.run_sync(repository_fingerprint, app.state.settings.model_dir)
+async def watch_repository(app: FastAPI, every: float, seen: tuple) -> None:
+    """Reload when a file of the model directory changes from ``seen``, its fingerprint when the models
+    being served were loaded (each worker process watches for itself)."""
     while True:
         await anyio.sleep(every)
         now = await anyio.to_thread.run_sync(repository_fingerprint, app.state.settings.model_dir)

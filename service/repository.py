@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import io
 import logging
+import stat
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -63,8 +64,15 @@ class Repository:
 
 def repository_fingerprint(model_dir: Path) -> tuple:
     """What changes when any file under ``model_dir`` is added, removed, replaced or rewritten."""
-    files = sorted(p for p in model_dir.rglob("*") if p.is_file())
-    return tuple((str(p), (st := p.stat()).st_mtime_ns, st.st_size, st.st_ino) for p in files)
+    fingerprint = []
+    for path in sorted(model_dir.rglob("*")):
+        try:
+            info = path.stat()
+        except FileNotFoundError:  # removed while we looked: the next look sees what is left
+            continue
+        if stat.S_ISREG(info.st_mode):
+            fingerprint.append((str(path), info.st_mtime_ns, info.st_size, info.st_ino))
+    return tuple(fingerprint)
 
 
 def find_manifests(model_dir: Path) -> list[Path]:

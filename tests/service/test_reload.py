@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.service.conftest import running_service
 from tests.service.test_service import HANDWRITTEN_DIMS, metric, zeros_sample
@@ -100,3 +101,26 @@ def test_the_watcher_reloads_changes_and_keeps_serving_through_bad_ones(tmp_path
             time.sleep(0.2)
         assert models(url) == ["cub", "handwritten"]
         assert httpx.post(url + "/predict", json=BODY).status_code == 200
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_removed_model_is_no_longer_reported_by_any_worker(tmp_path, workers):
+    """dbf_model_info after a reload: the heads of a model taken away have no series, or, across worker
+    processes (whose metrics live in files), read 0; not the 1 they had."""
+    root = repository(tmp_path, "handwritten", "pie")
+    env = {"DBF_RELOAD_POLL_SECONDS": "0.2"}
+
+    def pie_heads(url: str) -> list[str]:
+        text = httpx.get(url + "/metrics").text
+        return [line for line in text.splitlines() if line.startswith("dbf_model_info{") and "pie" in line]
+
+    with running_service("--model-dir", str(root), "--workers", workers, env=env) as url:
+        assert len(pie_heads(url)) == 3 and all(line.endswith(" 1.0") for line in pie_heads(url))
+        shutil.move(root / "pie", tmp_path / "pie")
+        deadline = time.monotonic() + 30
+        while not all(line.endswith(" 0.0") for line in pie_heads(url)):  # all, of none too
+            assert time.monotonic() < deadline, f"a removed model is still reported: {pie_heads(url)}"
+            time.sleep(0.2)
+        assert metric(url, "dbf_model_reloads_total", outcome="success") >= 1
+        assert metric(url, "dbf_model_info", model="handwritten", view="fac") == 1
+        assert models(url) == ["handwritten"]
