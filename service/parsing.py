@@ -147,8 +147,7 @@ def _parse_strict(body: bytes, model: LoadedModel, max_samples: int) -> Batch:
         raise InvalidInput("'samples' is empty: send at least one sample")
     if len(samples) > max_samples:
         raise PayloadTooLarge(_too_many(len(samples), max_samples))
-    views = model.manifest.views
-    index = {view.name: v for v, view in enumerate(views)}
+    views, index = model.manifest.views, model.view_index
     rows: dict[str, list[np.ndarray]] = {view.name: [] for view in views}
     present = np.zeros((len(samples), len(views)), dtype=bool)
     for i, sample in enumerate(samples):
