@@ -9,6 +9,9 @@ asserts nothing.
 
     python -m benchmarks.service [--seconds 10] [--cases single,batch256,...] [--sweep 1,16,256,1024]
 
+``v2-json*`` cases send the same samples as Open Inference Protocol JSON tensors (as fast per sample as v1
+JSON is the goal); :mod:`benchmarks.peers` compares that path with MLServer's.
+
 Needs ``wrk`` (Debian: ``apt-get install wrk``). Requests carry random features in the training data's
 range, so the heads, fusion and response are the real ones.
 """
@@ -25,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +57,7 @@ class Case:
     path: str = "/predict"
     server_env: tuple[tuple[str, str], ...] = ()
     binary: bool = False
+    v2_json: bool = False  # Open Inference Protocol tensors as JSON
 
 
 CASES = {
@@ -61,6 +66,8 @@ CASES = {
     "single-delay2ms": Case("single-delay2ms", 1, 16, server_env=(("DBF_BATCH_MAX_DELAY_MS", "2"),)),
     "batch256": Case("batch256", 256, 4),
     "batch256-unbatched": Case("batch256-unbatched", 256, 4, server_env=(("DBF_BATCHING", "false"),)),
+    "v2-json256": Case("v2-json256", 256, 4, path="/v2/models/{model}/infer", v2_json=True),
+    "v2-json1": Case("v2-json1", 1, 16, path="/v2/models/{model}/infer", v2_json=True),
     "v2-binary256": Case("v2-binary256", 256, 4, path="/v2/models/{model}/infer", binary=True),
     "v2-binary1024": Case("v2-binary1024", 1024, 4, path="/v2/models/{model}/infer", binary=True),
 }
@@ -115,26 +122,29 @@ def main() -> None:
                 body = Path(tmp) / f"{case.name}.bin"
                 content, headers = _binary_body(manifest, case.samples)
                 body.write_bytes(content)
+            elif case.v2_json:
+                body = Path(tmp) / f"{case.name}.v2.json"
+                body.write_bytes(v2_json_body(manifest, case.samples))
             yardstick_runs, service_runs, provider = [], [], ""
             for _ in range(args.repeat):  # alternated, so that a noisy neighbour hits both alike
                 if not args.no_yardstick:  # the same samples as JSON: the yardstick has no binary path
-                    with _server(["uvicorn", "benchmarks.yardstick:app"], {}) as url:
+                    with Server(["uvicorn", "benchmarks.yardstick:app"], {}) as url:
                         json_headers = {"Content-Type": "application/json"}
                         yardstick_runs.append(
-                            _wrk(url + "/predict", json_path, json_headers, case, args.seconds, script)
+                            wrk_load(url + "/predict", json_path, json_headers, case, args.seconds, script)
                         )
-                with _server(["service", "--model-dir", str(args.model_dir)], dict(case.server_env)) as url:
+                with Server(["service", "--model-dir", str(args.model_dir)], dict(case.server_env)) as url:
                     providers = httpx.get(url + "/v1/models").json()["models"][0]["providers"].values()
                     provider = ",".join(sorted(set(providers)))
                     path = case.path.format(model=manifest.name)
-                    service_runs.append(_wrk(url + path, body, headers, case, args.seconds, script))
-            baseline = _median(yardstick_runs) if yardstick_runs else None
+                    service_runs.append(wrk_load(url + path, body, headers, case, args.seconds, script))
+            baseline = median(yardstick_runs) if yardstick_runs else None
             if baseline:
-                _row(case, "yardstick", baseline, None, "")
-            _row(case, "service", _median(service_runs), baseline, provider)
+                print_row(case, "yardstick", baseline, None, "")
+            print_row(case, "service", median(service_runs), baseline, provider)
 
 
-def _median(runs: list[Load]) -> Load:
+def median(runs: list[Load]) -> Load:
     """Per field, the median over the runs (socket errors and non-2xx answers: the sum)."""
     return Load(
         requests_per_s=statistics.median(r.requests_per_s for r in runs),
@@ -145,7 +155,7 @@ def _median(runs: list[Load]) -> Load:
     )
 
 
-def _row(case: Case, server: str, load: Load, baseline: Load | None, notes: str) -> None:
+def print_row(case: Case, server: str, load: Load, baseline: Load | None, notes: str) -> None:
     ratio = f"{load.requests_per_s / baseline.requests_per_s:7.2f}" if baseline else f"{'':>7}"
     if load.non_2xx or load.errors:
         notes += f" non-2xx {load.non_2xx} {load.errors}".rstrip()
@@ -162,6 +172,23 @@ def json_body(manifest: Manifest, n: int) -> bytes:
     return json.dumps({"samples": samples}).encode()
 
 
+def v2_json_body(manifest: Manifest, n: int) -> bytes:
+    """The same samples as :func:`json_body`, as Open Inference Protocol tensors in JSON (flat data, as
+    tritonclient and kserve send them), all outputs asked for."""
+    rng = np.random.default_rng(0)
+    samples = [{v.name: rng.random(v.dim).tolist() for v in manifest.views} for _ in range(n)]
+    inputs = [
+        {
+            "name": v.name,
+            "datatype": "FP32",
+            "shape": [n, v.dim],
+            "data": [x for sample in samples for x in sample[v.name]],
+        }
+        for v in manifest.views
+    ]
+    return json.dumps({"inputs": inputs}).encode()
+
+
 def _binary_body(manifest: Manifest, n: int) -> tuple[bytes, dict[str, str]]:
     from service.v2 import encode_request  # the binary path's own encoder, as a client would use it
 
@@ -169,17 +196,38 @@ def _binary_body(manifest: Manifest, n: int) -> tuple[bytes, dict[str, str]]:
     return encode_request({v.name: rng.random((n, v.dim), dtype=np.float32) for v in manifest.views})
 
 
-class _server:
-    """``python -m <module> ...`` on a free port until the block ends."""
+class Server:
+    """``python -m <module> ...`` on a free port until the block ends (or ``argv(port)``, a command of one's
+    own, ready once ``ready_path`` answers)."""
 
-    def __init__(self, command: list[str], env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        command: list[str],
+        env: dict[str, str],
+        *,
+        argv: Callable[[int], list[str]] | None = None,
+        ready_path: str = "/docs",
+    ) -> None:
         from tests.service.conftest import free_port
 
         self.port = free_port()
-        module, *rest = command
-        self.command = [sys.executable, "-m", module, *rest, "--host", "127.0.0.1", "--port", str(self.port)]
-        self.command += ["--log-level", "warning"]
+        if argv is not None:
+            self.command = argv(self.port)
+        else:
+            module, *rest = command
+            self.command = [
+                sys.executable,
+                "-m",
+                module,
+                *rest,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+            ]
+            self.command += ["--log-level", "warning"]
         self.env = {**os.environ, **env}
+        self.ready_path = ready_path
 
     def __enter__(self) -> str:
         self.proc = subprocess.Popen(self.command, env=self.env, cwd=ROOT)
@@ -187,10 +235,11 @@ class _server:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                httpx.get(url + "/docs", timeout=1.0)
-                return url
+                if httpx.get(url + self.ready_path, timeout=1.0).status_code == 200:
+                    return url
             except httpx.TransportError:
-                time.sleep(0.2)
+                pass
+            time.sleep(0.2)
         self.proc.kill()
         raise TimeoutError(f"{self.command} did not start")
 
@@ -199,7 +248,7 @@ class _server:
         self.proc.wait(timeout=30)
 
 
-def _wrk(url: str, body: Path, headers: dict[str, str], case: Case, seconds: int, script: Path) -> Load:
+def wrk_load(url: str, body: Path, headers: dict[str, str], case: Case, seconds: int, script: Path) -> Load:
     env = {
         **os.environ,
         "WRK_BODY": str(body),

@@ -18,14 +18,17 @@ Conventions shared by all operators:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from fusion._array import Array, namespace, sum_last
 from fusion.conflict import checked_lambda, conflict_matrix, discount_factors
 from fusion.opinion import FusedOpinion, Opinion, checked_mask, discount, vacuous_where_missing
 
+# The registry of fusion methods: every other list of them (the manifest's schema, the service's request
+# grammar and OpenAPI, the training command line) derives from this one. A new method adds its name here and
+# its operator to _OPERATORS below (with its oracle in fusion.reference and its tests).
 Method = Literal["bcf", "cbf", "baf", "gbaf", "dbf"]
-METHODS: tuple[str, ...] = ("bcf", "cbf", "baf", "gbaf", "dbf")
+METHODS: tuple[str, ...] = get_args(Method)
 
 
 def fuse(
@@ -243,7 +246,8 @@ def _baf(opinion: Opinion, mask: Array | None, xp) -> Opinion:
     return _fold(opinion, mask, _averaging_pair, xp)
 
 
-_OPERATORS = {"bcf": _bcf, "cbf": _cbf, "baf": _baf, "gbaf": _average, "dbf": None}
+_OPERATORS = {"bcf": _bcf, "cbf": _cbf, "baf": _baf, "gbaf": _average, "dbf": None}  # dbf: fuse() itself
+assert tuple(_OPERATORS) == METHODS, "every method of the registry has its operator, in the same order"
 
 
 def _check(opinion: Opinion, mask: Array | None, xp):

@@ -1,8 +1,9 @@
 """The model repository's contract: the schema of ``models/<name>/manifest.json``.
 
 Training writes it (``python -m training export``), the service validates it before serving anything; both
-import this module, which depends on pydantic alone. ``models/manifest.schema.json`` is its JSON Schema,
-generated from :class:`Manifest` (a test keeps the two equal).
+import this module, which depends on pydantic and :mod:`fusion`'s registry of methods alone.
+``models/manifest.schema.json`` is its JSON Schema, generated from :class:`Manifest` (a test keeps the two
+equal).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from fusion import Method
 
 SCHEMA_VERSION = 1
 
@@ -32,7 +35,7 @@ class ViewEntry(_Strict):
 
 
 class FusionDefaults(_Strict):
-    method: Literal["bcf", "cbf", "baf", "gbaf", "dbf"] = "dbf"
+    method: Method = "dbf"
     lam: float = Field(default=1.0, gt=0, alias="lambda", description="DBF's lambda")
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
@@ -73,6 +76,11 @@ class Manifest(_Strict):
 
     schema_version: Literal[1] = SCHEMA_VERSION
     name: str = Field(pattern=_NAME)
+    version: str = Field(
+        default="1",
+        pattern=_NAME,
+        description="the model's version, as the Open Inference Protocol's model routes and metadata name it",
+    )
     dataset: str
     classes: list[str] = Field(min_length=2, description="class names in label order")
     views: list[ViewEntry] = Field(min_length=1, description="in the order the conflict matrix uses")

@@ -1,4 +1,5 @@
-"""Application wiring: settings, model repository (loaded at start-up), routes, errors, metrics."""
+"""Application wiring: settings, the data plane and its models (loaded at start-up), routes, errors and the
+OpenAPI schema."""
 
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ from typing import Any
 
 import anyio
 from fastapi import Depends, FastAPI
-from fastapi.openapi.utils import get_openapi
 
-from service import errors, metrics, routes
+from service import metrics
+from service.api import errors, openapi
+from service.api.routes import OPEN, PROTECTED
 from service.auth import require_api_key
-from service.batching import MicroBatcher
+from service.dataplane import DataPlane
 from service.reload import serve, watch_repository
 from service.repository import ModelLoadError, load_repository, repository_fingerprint
-from service.runtime import predict
 from service.settings import Settings
 
 log = logging.getLogger("dbf.app")
@@ -43,73 +44,34 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
             tasks.cancel_scope.cancel()
 
-    app = FastAPI(title="dbf-serve", version=_version(), lifespan=lifespan)
+    # No slash redirects: a redirect would be built from the client's Host header, and no route needs one.
+    app = FastAPI(title="dbf-serve", version=_version(), lifespan=lifespan, redirect_slashes=False)
     app.state.settings = settings
-    app.state.repository = None
-    app.state.load_error = "models are loading"
-    app.state.inference_limiter = anyio.CapacityLimiter(settings.inference_threads)
-    app.state.in_flight = 0
+    app.state.dataplane = DataPlane(settings)
     app.state.reload_lock = anyio.Lock()
-    app.state.batcher = (
-        MicroBatcher(
-            predict,
-            app.state.inference_limiter,
-            max_samples=settings.batch_max_samples,
-            max_delay=settings.batch_max_delay_ms / 1000,
-        )
-        if settings.batching
-        else None
-    )
     errors.install(app)
-    # Predict first: routes are matched in order, and it is the one that carries the load. Without an API
-    # key there is nothing to check, so no dependency to solve on every request.
+    # Without an API key there is nothing to check, so no dependency to solve on every request.
     guard = [Depends(require_api_key)] if settings.api_key is not None else []
-    for router in routes.PROTECTED:
+    for router in PROTECTED:
         app.include_router(router, dependencies=guard)
-    app.include_router(routes.probes)
-    app.include_router(routes.open_inference_probes)
+    for router in OPEN:
+        app.include_router(router)
     metrics.BUILD.labels(_version()).set(1)
     app.openapi = lambda: _openapi(app)
     return app
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
-    """The generated schema plus the predict body's, with a working example for the default model."""
+    """The schema (:mod:`service.api.openapi`), with a working predict example for the default model."""
     if app.openapi_schema:
         return app.openapi_schema
-    schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
-    example: dict[str, Any] = {"samples": [{"views": {}}], "method": "dbf", "lambda": 1.0}
-    repository = app.state.repository
+    example = None
+    repository = app.state.dataplane.repository
     if repository is not None:
-        views = repository.get().manifest.views
-        example["samples"][0]["views"] = {view.name: [0.0] * view.dim for view in views}
-    schema.setdefault("components", {}).setdefault("schemas", {})["PredictRequest"] = {
-        "type": "object",
-        "required": ["samples"],
-        "properties": {
-            "samples": {
-                "type": "array",
-                "minItems": 1,
-                "items": {
-                    "type": "object",
-                    "required": ["views"],
-                    "properties": {
-                        "views": {
-                            "type": "object",
-                            "minProperties": 1,
-                            "additionalProperties": {"type": "array", "items": {"type": "number"}},
-                            "description": "raw features per view name, as the training data stores them",
-                        }
-                    },
-                },
-            },
-            "method": {"type": "string", "enum": ["bcf", "cbf", "baf", "gbaf", "dbf"]},
-            "lambda": {"type": "number", "exclusiveMinimum": 0},
-        },
-        "example": example,
-    }
-    app.openapi_schema = schema
-    return schema
+        views = repository.get().signature.views
+        example = {"samples": [{"views": {view.name: [0.0] * view.dim for view in views}}]}
+    app.openapi_schema = openapi.build(app, example)
+    return app.openapi_schema
 
 
 def _configure_logging(level: str) -> None:

@@ -15,54 +15,53 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from service.parsing import Batch
+from service.inference import InferenceRequest, Result
 from service.repository import LoadedModel
-from service.runtime import Result
 
 
 @dataclass
 class _Waiting:
     model: LoadedModel
-    batch: Batch
+    request: InferenceRequest
     future: asyncio.Future[Result]
 
 
 @dataclass
 class MicroBatcher:
-    """``await batcher.submit(model, batch)`` returns the same :class:`Result` as ``run(model, batch)``."""
+    """``await batcher.submit(model, request)`` gives the same :class:`Result` as ``run(model, request)``."""
 
-    run: Callable[[LoadedModel, Batch], Result]
+    run: Callable[[LoadedModel, InferenceRequest], Result]
     limiter: anyio.CapacityLimiter
     max_samples: int
     max_delay: float = 0.0
     _queues: dict[tuple, list[_Waiting]] = field(default_factory=dict)
     _tasks: set[asyncio.Task] = field(default_factory=set)
 
-    async def submit(self, model: LoadedModel, batch: Batch) -> Result:
+    async def submit(self, model: LoadedModel, request: InferenceRequest) -> Result:
         future = asyncio.get_running_loop().create_future()
-        key = (model.name, id(model), batch.method, batch.lam)
+        key = (model.name, id(model), request.method, request.lam)
         queue = self._queues.get(key)
         if queue is None:
             queue = self._queues[key] = []
             task = asyncio.create_task(self._drain(key, queue))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        queue.append(_Waiting(model, batch, future))
+        queue.append(_Waiting(model, request, future))
         return await future
 
     async def _drain(self, key: tuple, queue: list[_Waiting]) -> None:
         """Close batches from ``queue`` until it is empty, then retire it."""
         try:
             while queue:
-                if self.max_delay > 0 and sum(len(w.batch) for w in queue) < self.max_samples:
+                if self.max_delay > 0 and sum(len(w.request) for w in queue) < self.max_samples:
                     await asyncio.sleep(self.max_delay)
                 token = object()  # the batch's own token: _run releases it from another task
                 await self.limiter.acquire_on_behalf_of(token)  # a free thread; meanwhile requests arrive
                 taken, size = [], 0
-                while queue and (not taken or size + len(queue[0].batch) <= self.max_samples):
+                while queue and (not taken or size + len(queue[0].request) <= self.max_samples):
                     waiting = queue.pop(0)
                     taken.append(waiting)
-                    size += len(waiting.batch)
+                    size += len(waiting.request)
                 task = asyncio.create_task(self._run(taken, token))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
@@ -72,10 +71,10 @@ class MicroBatcher:
 
     async def _run(self, taken: list[_Waiting], token: object) -> None:
         try:
-            batches = [w.batch for w in taken]
+            requests = [w.request for w in taken]
             model = taken[0].model
             try:
-                result = await anyio.to_thread.run_sync(self.run, model, Batch.concat(batches))
+                result = await anyio.to_thread.run_sync(self.run, model, InferenceRequest.concat(requests))
             except Exception as error:
                 if len(taken) == 1:
                     _settle(taken[0].future, error=error)
@@ -84,7 +83,7 @@ class MicroBatcher:
                 # request alone so the error reaches its sender only.
                 for waiting in taken:
                     try:
-                        one = await anyio.to_thread.run_sync(self.run, model, waiting.batch)
+                        one = await anyio.to_thread.run_sync(self.run, model, waiting.request)
                     except Exception as own:
                         _settle(waiting.future, error=own)
                     else:
@@ -92,7 +91,7 @@ class MicroBatcher:
                 return
             start = 0
             for waiting in taken:
-                stop = start + len(waiting.batch)
+                stop = start + len(waiting.request)
                 _settle(waiting.future, result=result.rows(start, stop))
                 start = stop
         finally:

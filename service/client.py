@@ -1,52 +1,35 @@
-"""Python client for dbf-serve (httpx), sync and async, returning typed results. For example::
+"""Python client for dbf-serve's v1 API (httpx), sync and async, returning typed results. For example::
 
 from service.client import Client
 
 with Client("http://127.0.0.1:8000") as client:
     p = client.predict({"pix": pix_features, "fou": fou_features})  # lists or numpy arrays
     print(p.class_name, p.uncertainty, p.high_conflict, p.blamed_view, p.discount)
+
+It needs httpx, msgspec and numpy only (not the server's dependencies): answers are decoded straight into the
+wire types of :mod:`service.schemas`, whose ``Prediction`` has a field for every output of the registry
+(:mod:`service.outputs`). Fields a newer service adds are ignored, so an older client keeps working. For
+tensors, the Open Inference Protocol's clients (tritonclient, kserve) or :mod:`service.v2` speak ``/v2``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import msgspec
+
+from service.outputs import ViewOpinion
+from service.schemas import ErrorBody, Prediction, PredictResponse
 
 Features = Mapping[str, Sequence[float]]  # view name -> raw features (lists or numpy arrays)
+PredictResult = PredictResponse  # model, method, lam, views, predictions
 
+__all__ = ["AsyncClient", "Client", "DBFError", "Prediction", "PredictResult", "ViewOpinion"]
 
-@dataclass(frozen=True)
-class ViewOpinion:
-    belief: list[float]
-    uncertainty: float
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """One sample's answer; ``conflict`` rows and columns are None for views the sample lacked."""
-
-    label: int
-    class_name: str
-    probability: list[float]
-    belief: list[float]
-    uncertainty: float
-    conflict: list[list[float | None] | None]
-    discount: dict[str, float]
-    high_conflict: bool
-    blamed_view: str | None
-    views: dict[str, ViewOpinion]
-
-
-@dataclass(frozen=True)
-class PredictResult:
-    model: str
-    method: str
-    lam: float
-    views: list[str]
-    predictions: list[Prediction]
+_RESULT = msgspec.json.Decoder(PredictResponse)
+_ERROR = msgspec.json.Decoder(ErrorBody)
 
 
 class DBFError(Exception):
@@ -57,7 +40,7 @@ class DBFError(Exception):
         self.status, self.type, self.message = status, type_, message
 
 
-def _body(samples: Sequence[Features], method: str | None, lam: float | None) -> dict[str, Any]:
+def _body(samples: Sequence[Features], method: str | None, lam: float | None) -> bytes:
     body: dict[str, Any] = {
         "samples": [
             {"views": {name: (v.tolist() if hasattr(v, "tolist") else list(v)) for name, v in s.items()}}
@@ -68,41 +51,24 @@ def _body(samples: Sequence[Features], method: str | None, lam: float | None) ->
         body["method"] = method
     if lam is not None:
         body["lambda"] = lam
-    return body
+    return msgspec.json.encode(body)
+
+
+_JSON = {"content-type": "application/json"}
 
 
 def _path(model: str | None) -> str:
     return "/predict" if model is None else f"/v1/models/{model}/predict"
 
 
-def _checked(response: httpx.Response) -> Any:
+def _checked(response: httpx.Response) -> bytes:
     if response.is_success:
-        return response.json()
+        return response.content
     try:
-        error = response.json()["error"]
-        raise DBFError(response.status_code, error["type"], error["message"])
-    except (ValueError, KeyError, TypeError):
+        error = _ERROR.decode(response.content).error
+    except (msgspec.DecodeError, msgspec.ValidationError):
         raise DBFError(response.status_code, "http_error", response.text) from None
-
-
-_PREDICTION_FIELDS = set(Prediction.__dataclass_fields__) - {"views"}
-
-
-def _result(payload: dict[str, Any]) -> PredictResult:
-    # Fields the service adds later are ignored: an older client keeps working.
-    predictions = [
-        Prediction(
-            **{k: v for k, v in p.items() if k in _PREDICTION_FIELDS},
-            views={
-                name: ViewOpinion(belief=o["belief"], uncertainty=o["uncertainty"])
-                for name, o in p["views"].items()
-            },
-        )
-        for p in payload["predictions"]
-    ]
-    return PredictResult(
-        payload["model"], payload["method"], payload["lambda"], payload["views"], predictions
-    )
+    raise DBFError(response.status_code, error.type, error.message)
 
 
 class Client:
@@ -131,10 +97,11 @@ class Client:
         method: str | None = None,
         lam: float | None = None,
     ) -> PredictResult:
-        return _result(_checked(self._http.post(_path(model), json=_body(samples, method, lam))))
+        response = self._http.post(_path(model), content=_body(samples, method, lam), headers=_JSON)
+        return _RESULT.decode(_checked(response))
 
     def models(self) -> dict[str, Any]:
-        return _checked(self._http.get("/v1/models"))
+        return msgspec.json.decode(_checked(self._http.get("/v1/models")))
 
     def ready(self) -> bool:
         return self._http.get("/ready").status_code == 200
@@ -175,10 +142,11 @@ class AsyncClient:
         method: str | None = None,
         lam: float | None = None,
     ) -> PredictResult:
-        return _result(_checked(await self._http.post(_path(model), json=_body(samples, method, lam))))
+        response = await self._http.post(_path(model), content=_body(samples, method, lam), headers=_JSON)
+        return _RESULT.decode(_checked(response))
 
     async def models(self) -> dict[str, Any]:
-        return _checked(await self._http.get("/v1/models"))
+        return msgspec.json.decode(_checked(await self._http.get("/v1/models")))
 
     async def ready(self) -> bool:
         return (await self._http.get("/ready")).status_code == 200

@@ -1,19 +1,12 @@
-"""Domain errors and their HTTP mapping, in one place: every error response is
-``{"error": {"type": ..., "message": ...}}`` with the status of its type."""
+"""Domain errors: what went wrong, in the service's terms, with the HTTP status and the reason each maps to.
+
+They know no web framework (:mod:`service.api.errors` renders them, in the error format of the protocol the
+request spoke) and no protocol: an error the core finds in a request's data (a sample's features that
+overflow a head, say) carries the sample and view it is about, and each codec words the place in its own
+grammar (``samples[3].views.pix`` for v1, ``inputs[0] (pix): row 3`` for v2).
+"""
 
 from __future__ import annotations
-
-import logging
-
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect
-
-from service import metrics
-
-log = logging.getLogger("dbf.errors")
 
 # Every reason an error response can carry (metric series are created for each at start-up).
 REASONS = (
@@ -25,6 +18,7 @@ REASONS = (
     "overloaded",
     "unauthorized",
     "reload_failed",
+    "request_timeout",
     "not_found",
     "method_not_allowed",
     "http_error",
@@ -44,7 +38,25 @@ class ServiceError(Exception):
 
 
 class InvalidInput(ServiceError):
+    """The request is wrong. ``sample`` and ``view`` (indices in the request and the model's views) say
+    where, when the core found it; the protocol's codec then words the place (:meth:`located`)."""
+
     status, type = 400, "invalid_input"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        sample: int | None = None,
+        view: int | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message, headers=headers)
+        self.sample, self.view = sample, view
+
+    def located(self, where: str) -> InvalidInput:
+        """The same error, its message prefixed with ``where`` (a place in the protocol's own grammar)."""
+        return InvalidInput(f"{where}: {self.message}", headers=self.headers)
 
 
 class PayloadTooLarge(ServiceError):
@@ -79,39 +91,7 @@ class ReloadFailed(ServiceError):
     status, type = 409, "reload_failed"
 
 
-def error_response(
-    status: int, type_: str, message: str, headers: dict[str, str] | None = None
-) -> JSONResponse:
-    metrics.ERRORS.labels(reason=type_).inc()
-    return JSONResponse({"error": {"type": type_, "message": message}}, status_code=status, headers=headers)
+class RequestTimeout(ServiceError):
+    """The body did not arrive in time (too slow, or stalled)."""
 
-
-def install(app: FastAPI) -> None:
-    """Map domain errors, request-validation errors and routing errors to the one error format."""
-
-    @app.exception_handler(ServiceError)
-    async def _domain(_: Request, error: ServiceError) -> JSONResponse:
-        return error_response(error.status, error.type, error.message, error.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, error: RequestValidationError) -> JSONResponse:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first.get("loc", ()))
-        return error_response(400, "invalid_input", f"{where}: {first.get('msg', 'invalid')}")
-
-    @app.exception_handler(ClientDisconnect)
-    async def _gone(_: Request, error: ClientDisconnect) -> JSONResponse:
-        # The client left before sending its whole body: nobody reads this answer (499, as nginx logs it),
-        # but it is counted, and it is no bug of ours.
-        return error_response(499, "client_disconnected", "client disconnected before sending the body")
-
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, error: Exception) -> JSONResponse:
-        # A bug, never an input's fault: log it once with its traceback, count it, answer in the one format.
-        log.exception("unexpected error")
-        return error_response(500, "internal_error", "internal error; see the service log")
-
-    @app.exception_handler(HTTPException)
-    async def _http(_: Request, error: HTTPException) -> JSONResponse:
-        type_ = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "http_error")
-        return error_response(error.status_code, type_, str(error.detail))
+    status, type = 408, "request_timeout"

@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import io
 import logging
+import math
 import stat
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -18,7 +19,10 @@ from pathlib import Path
 import onnxruntime
 from pydantic import ValidationError
 
+from fusion import METHODS
 from manifest import Manifest
+from service.inference import ModelSignature, ViewSpec
+from service.outputs import TENSORS
 from service.settings import Settings
 
 log = logging.getLogger("dbf.repository")
@@ -43,14 +47,24 @@ class LoadedModel:
         return self.manifest.name
 
     @cached_property
-    def view_index(self) -> dict[str, int]:
-        """View name -> its position in the manifest (and in every (N, V, ...) array)."""
-        return {view.name: v for v, view in enumerate(self.manifest.views)}
+    def signature(self) -> ModelSignature:
+        """What the protocols need to know of this model (its views, classes, version, fusion defaults)."""
+        manifest = self.manifest
+        return ModelSignature(
+            name=manifest.name,
+            version=manifest.version,
+            views=tuple(ViewSpec(view.name, view.dim) for view in manifest.views),
+            classes=tuple(manifest.classes),
+            method=manifest.fusion.method,
+            lam=manifest.fusion.lam,
+            methods=METHODS,
+        )
 
     @cached_property
-    def view_layout(self) -> tuple[tuple[str, int, list[float]], ...]:
-        """Per view in the manifest's order: its name, its dimension and that many zeros (a view not sent)."""
-        return tuple((view.name, view.dim, [0.0] * view.dim) for view in self.manifest.views)
+    def values_per_sample(self) -> int:
+        """Numbers in one sample's answer (every output tensor's): what rendering an answer costs."""
+        k, v = len(self.manifest.classes), len(self.manifest.views)
+        return sum(math.prod(output.tensor.shape(k, v)) for output in TENSORS.values())
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,19 @@ class Settings(BaseSettings):
     # A HandWritten sample takes ~13 KB as JSON: 8 MiB holds ~600 of them. Bigger batches travel as
     # binary tensors (/v2/models/{name}/infer: 1024 HandWritten samples in 2.7 MB).
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1, description="request body size; more is a 413")
+    # Slow bodies: the whole body within this many seconds, and on average at no less than this many bytes a
+    # second after its first five (a stalled or trickling upload gets 408 and its connection closed).
+    # Requests take a predict slot only once their body is in, so slow senders never crowd out the others.
+    body_timeout_seconds: float = Field(default=30.0, gt=0, description="a body's longest time to arrive")
+    body_min_bytes_per_second: int = Field(
+        default=1024, ge=0, description="a body's slowest average rate after its first 5 s (0: any)"
+    )
+    # Bytes of request bodies buffered at once, across requests (declared lengths reserved up front,
+    # decompressed bytes counted too); beyond it, 503 overloaded with Retry-After. With bodies of at most
+    # DBF_MAX_BODY_BYTES, the default keeps concurrent big uploads within a 1 GiB pod (README: production).
+    body_memory_bytes: int = Field(
+        default=128 * 1024 * 1024, ge=1, description="request body bytes buffered at once, all requests"
+    )
     # Load shedding: requests past this many in flight (queued or running) get 503 + Retry-After at once,
     # rather than waiting in an unbounded queue until their clients time out.
     max_in_flight: int = Field(default=64, ge=1, description="concurrent predict requests; more is a 503")

@@ -1,127 +1,76 @@
-"""The Open Inference Protocol (KServe v2) for heavy users: ``POST /v2/models/{name}/infer`` with tensors
-as JSON or, with the binary tensor data extension, as raw little-endian bytes after a JSON header.
+"""The Open Inference Protocol (KServe v2, as Triton speaks it) codec, with the binary tensor data extension:
+``POST /v2/models/{name}[/versions/{version}]/infer`` with tensors as JSON or as raw little-endian bytes after
+a JSON header. The server's side (:func:`decode`, :func:`encode`, :func:`metadata`) and a client's
+(:func:`encode_request`, :func:`decode_response`) live together; numpy and msgspec only, so clients can use
+it without the server's dependencies.
 
 Inputs: one FP32 tensor ``[N, dim]`` per view, named after it; a view left out is missing from every sample.
-Request ``parameters``: ``method`` and ``lambda``. Outputs (all unless ``outputs`` names some):
-
-==============  ========  ===========  ===============================================================
-name            datatype  shape        meaning
-==============  ========  ===========  ===============================================================
-label           INT64     [N]          predicted class index
-probability     FP32      [N, K]       projected probability of the fused opinion
-belief          FP32      [N, K]       fused belief masses
-uncertainty     FP32      [N]          fused uncertainty mass
-conflict        FP32      [N, V, V]    degree of conflict between views (0 where a view is missing)
-discount        FP32      [N, V]       DBF discount per view (1 where a view is missing)
-high_conflict   BOOL      [N]          the calibrated flag
-blamed_view     INT64     [N]          index of the view most to blame where flagged, else -1
-==============  ========  ===========  ===============================================================
+Request ``parameters``: ``method`` and ``lambda`` (the model's defaults otherwise) and
+``binary_data_output``. Outputs: the tensors of :data:`service.outputs.TENSORS` (``GET /v2/models/{name}``
+lists them with their shapes), all unless ``outputs`` names some.
 
 A binary request carries the header ``Inference-Header-Content-Length: <bytes of the JSON part>``; each
-binary input has ``"parameters": {"binary_data_size": <bytes>}`` and its bytes follow in input order.
-Outputs come back binary when asked (``"parameters": {"binary_data": true}`` per output, or
-``"binary_data_output": true`` for all) or when the request itself was binary.
+binary input has ``"parameters": {"binary_data_size": <bytes>}`` and its bytes follow in input order. An
+output comes back binary when it asks (``"parameters": {"binary_data": true}``), else as the request's
+``binary_data_output`` says, else binary exactly when the request was. The protocol's objects are
+extensible: fields and parameters that are not ours are ignored; ours are checked.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 import numpy as np
 
-from fusion import METHODS
 from service.errors import InvalidInput, PayloadTooLarge
-from service.parsing import Batch
-from service.repository import LoadedModel
-from service.runtime import Result
+from service.inference import InferenceRequest, ModelSignature, Result
+from service.outputs import DTYPES, TENSORS
+from service.schemas import InferRequest
 
 HEADER_LENGTH = "inference-header-content-length"
-OUTPUTS = (
-    "label",
-    "probability",
-    "belief",
-    "uncertainty",
-    "conflict",
-    "discount",
-    "high_conflict",
-    "blamed_view",
-)
-_DATATYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64", np.dtype(np.bool_): "BOOL"}
-
-
-class _Tensor(msgspec.Struct, forbid_unknown_fields=True):
-    name: str
-    datatype: str
-    shape: list[int]
-    parameters: dict[str, Any] = {}
-    data: Any = None
-
-
-class _Requested(msgspec.Struct):
-    name: str
-    parameters: dict[str, Any] = {}
-
-
-class _Request(msgspec.Struct, forbid_unknown_fields=True):
-    inputs: list[_Tensor]
-    id: str | None = None
-    parameters: dict[str, Any] = {}
-    outputs: list[_Requested] | None = None
-
-
-_DECODER = msgspec.json.Decoder(_Request)
+BINARY_MEDIA_TYPE = "application/octet-stream"
+JSON_MEDIA_TYPE = "application/json"
+# Longer than any body this service takes: a longer header cannot be a length we accept (and int() of a
+# 5000-digit string would raise rather than refuse).
+_MAX_LENGTH_DIGITS = 18
+_DECODER = msgspec.json.Decoder(InferRequest)
+_FLAT = msgspec.json.Decoder(list[float])  # the usual JSON tensor: flat, as tritonclient and kserve send it
+_NESTED = msgspec.json.Decoder(list[list[float]])  # nested as its [N, dim] shape
 
 
 @dataclass(frozen=True)
-class Decoded:
-    """A decoded request: the batch, and how to answer (its id, the outputs asked for, which in binary)."""
+class Context:
+    """How to answer a decoded request: its id, the outputs asked for (which of them binary), and its
+    inputs' names in request order (to say where an error is)."""
 
-    batch: Batch
+    signature: ModelSignature
     id: str | None
-    outputs: list[str]
-    binary_outputs: set[str]
+    outputs: tuple[str, ...]
+    binary: frozenset[str]
+    inputs: tuple[str, ...]
 
 
-def metadata(model: LoadedModel) -> dict[str, Any]:
-    """``GET /v2/models/{name}``: the tensors this model takes and gives."""
-    k, v = len(model.manifest.classes), len(model.manifest.views)
-    shapes = {"label": [-1], "probability": [-1, k], "belief": [-1, k], "uncertainty": [-1]}
-    shapes |= {"conflict": [-1, v, v], "discount": [-1, v], "high_conflict": [-1], "blamed_view": [-1]}
-    types = {"label": "INT64", "high_conflict": "BOOL", "blamed_view": "INT64"}
-    return {
-        "name": model.name,
-        "versions": [],
-        "platform": "dbf-serve",
-        "inputs": [
-            {"name": view.name, "datatype": "FP32", "shape": [-1, view.dim]} for view in model.manifest.views
-        ],
-        "outputs": [{"name": o, "datatype": types.get(o, "FP32"), "shape": shapes[o]} for o in OUTPUTS],
-        "parameters": {
-            "views": [view.name for view in model.manifest.views],
-            "classes": model.manifest.classes,
-        },
-    }
+def accept(headers: Mapping[str, str]) -> None:
+    """Nothing is refused before the body is read: JSON and binary requests alike."""
 
 
-def decode(body: bytes, header_length: str | None, model: LoadedModel, *, max_samples: int) -> Decoded:
-    """A v2 request (JSON, or JSON header plus binary tensors) -> the batch, with errors naming the input."""
-    if header_length is None:
-        header, binary = body, b""
-    else:
-        if not header_length.isdigit() or int(header_length) > len(body):
-            raise InvalidInput(
-                f"Inference-Header-Content-Length {header_length!r} does not fit a {len(body)}-byte body"
-            )
-        header, binary = body[: int(header_length)], body[int(header_length) :]
+def decode(
+    body: bytes, headers: Mapping[str, str], signature: ModelSignature, *, max_samples: int
+) -> tuple[InferenceRequest, Context]:
+    """A v2 request (JSON, or a JSON header plus binary tensors) -> the request; errors name the input."""
+    length = header_length(headers.get(HEADER_LENGTH), len(body))
+    header, binary = (body, b"") if length is None else (body[:length], body[length:])
     try:
         request = _DECODER.decode(header)
-    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as error:
-        raise InvalidInput(f"not an inference request: {error}") from None
-    method, lam = _fusion(request.parameters, model)
-    views, index = model.manifest.views, model.view_index
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError) as error:
+        reason = "nested too deeply" if isinstance(error, RecursionError) else error
+        raise InvalidInput(f"not an inference request: {reason}") from None
+    method, lam = _fusion(request.parameters, signature)
+    views, index = signature.views, signature.view_index
     arrays: dict[str, np.ndarray] = {}
     offset, n = 0, None
     for i, tensor in enumerate(request.inputs):
@@ -153,22 +102,10 @@ def decode(body: bytes, header_length: str | None, model: LoadedModel, *, max_sa
                 )
             array = np.frombuffer(binary, dtype="<f4", count=rows * dim, offset=offset).reshape(rows, dim)
             offset += size
+        elif tensor.data is msgspec.UNSET:
+            raise InvalidInput(f"{where}: no data and no binary_data_size")
         else:
-            if tensor.data is None:
-                raise InvalidInput(f"{where}: no data and no binary_data_size")
-            malformed = InvalidInput(
-                f"{where}: data must be {rows * dim} numbers, flat or nested as the shape"
-            )
-            if not _numbers_only(tensor.data):
-                raise malformed
-            try:
-                array = np.asarray(tensor.data, dtype=np.float64)
-            except (ValueError, OverflowError):  # ragged; an integer beyond float64
-                raise malformed from None
-            if array.size != rows * dim:
-                raise malformed
-            with np.errstate(over="ignore"):
-                array = array.astype(np.float32).reshape(rows, dim)
+            array = _json_data(tensor.data, rows, dim, where)
         if not np.isfinite(array).all():
             row = int(np.argwhere(~np.isfinite(array))[0][0])
             raise InvalidInput(f"{where}: row {row} has a value that is not a finite float32")
@@ -181,64 +118,159 @@ def decode(body: bytes, header_length: str | None, model: LoadedModel, *, max_sa
     present = np.zeros((n, len(views)), dtype=bool)
     for name in arrays:
         present[:, index[name]] = True
-    requested = [o.name for o in request.outputs] if request.outputs else list(OUTPUTS)
-    unknown = sorted(set(requested) - set(OUTPUTS))
-    if unknown:
-        raise InvalidInput(f"unknown output(s) {unknown}; this model gives {list(OUTPUTS)}")
-    everything_binary = header_length is not None or request.parameters.get("binary_data_output") is True
-    binary_outputs = {o.name for o in request.outputs or [] if o.parameters.get("binary_data") is True} | (
-        set(requested) if everything_binary else set()
-    )
-    return Decoded(Batch(features, present, method, lam), request.id, requested, binary_outputs)
+    outputs, binary_outputs = _outputs(request, binary_request=length is not None)
+    context = Context(signature, request.id, outputs, binary_outputs, tuple(t.name for t in request.inputs))
+    return InferenceRequest(features, present, method, lam), context
 
 
-def encode(model: LoadedModel, decoded: Decoded, result: Result) -> tuple[bytes, dict[str, str]]:
+def encode(context: Context, result: Result) -> tuple[bytes, dict[str, str]]:
     """The v2 response body and its headers (binary outputs follow the JSON header in output order)."""
-    arrays = {
-        "label": result.label.astype(np.int64),
-        "probability": result.probability.astype(np.float32),
-        "belief": result.belief.astype(np.float32),
-        "uncertainty": result.uncertainty.astype(np.float32),
-        "conflict": result.conflict.astype(np.float32),
-        "discount": result.discount.astype(np.float32),
-        "high_conflict": result.high_conflict.astype(np.bool_),
-        "blamed_view": np.where(result.high_conflict, result.blamed_view, -1).astype(np.int64),
-    }
+    import orjson  # the server's encoder (numpy arrays straight to JSON); clients never encode answers
+
     outputs, blobs = [], []
-    for name in decoded.outputs:
-        array = arrays[name]
-        tensor: dict[str, Any] = {
-            "name": name,
-            "datatype": _DATATYPES[array.dtype],
-            "shape": list(array.shape),
-        }
-        if name in decoded.binary_outputs:
-            blob = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+    for name in context.outputs:
+        array = TENSORS[name].tensor.take(result)
+        tensor: dict[str, Any] = {"name": name, "datatype": TENSORS[name].tensor.datatype}
+        tensor["shape"] = list(array.shape)
+        if name in context.binary:
+            blob = array.tobytes()
             tensor["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
-            tensor["data"] = array.ravel().tolist()
+            tensor["data"] = np.ascontiguousarray(array).ravel()
         outputs.append(tensor)
     answer: dict[str, Any] = {
-        "model_name": model.name,
+        "model_name": context.signature.name,
+        "model_version": context.signature.version,
         "outputs": outputs,
         "parameters": {"method": result.method, "lambda": result.lam},
     }
-    if decoded.id is not None:
-        answer["id"] = decoded.id
-    header = msgspec.json.encode(answer)
+    if context.id is not None:
+        answer["id"] = context.id
+    header = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:
-        return header, {"content-type": "application/json"}
-    return header + b"".join(blobs), {
-        "content-type": "application/octet-stream",
-        HEADER_LENGTH: str(len(header)),
+        return header, {"content-type": JSON_MEDIA_TYPE}
+    return header + b"".join(blobs), {"content-type": BINARY_MEDIA_TYPE, HEADER_LENGTH: str(len(header))}
+
+
+def locate(error: InvalidInput, context: Context) -> InvalidInput:
+    """A core error about one sample's view, worded in v2's grammar (the input holding it, and the row)."""
+    name = context.signature.views[error.view].name
+    return error.located(f"inputs[{context.inputs.index(name)}] ({name}): row {error.sample}")
+
+
+def metadata(signature: ModelSignature) -> dict[str, Any]:
+    """``GET /v2/models/{name}``: the tensors this model takes and gives."""
+    k, v = len(signature.classes), len(signature.views)
+    return {
+        "name": signature.name,
+        "versions": [signature.version],
+        "platform": "dbf-serve",
+        "inputs": [
+            {"name": view.name, "datatype": "FP32", "shape": [-1, view.dim]} for view in signature.views
+        ],
+        "outputs": [
+            {"name": name, "datatype": output.tensor.datatype, "shape": [-1, *output.tensor.shape(k, v)]}
+            for name, output in TENSORS.items()
+        ],
+        "parameters": {
+            "views": signature.view_names,
+            "classes": list(signature.classes),
+            "methods": list(signature.methods),
+            "method": signature.method,
+            "lambda": signature.lam,
+        },
     }
 
 
+def header_length(text: str | None, body_size: int) -> int | None:
+    """``Inference-Header-Content-Length``: None if absent, else a length within the body, or a 400."""
+    if text is None:
+        return None
+    if not (text.isascii() and text.isdigit() and len(text) <= _MAX_LENGTH_DIGITS) or int(text) > body_size:
+        shown = text if len(text) <= 40 else f"{text[:40]}... ({len(text)} characters)"
+        raise InvalidInput(f"Inference-Header-Content-Length {shown!r} does not fit a {body_size}-byte body")
+    return int(text)
+
+
+def _json_data(raw: msgspec.Raw, rows: int, dim: int, where: str) -> np.ndarray:
+    """A JSON tensor's ``data``: ``rows * dim`` numbers, flat or nested as the shape (booleans, strings and
+    numbers beyond float64 are refused, where numpy would convert them)."""
+    malformed = InvalidInput(f"{where}: data must be {rows * dim} numbers, flat or nested as the shape")
+    try:
+        values: list = _FLAT.decode(raw)
+    except msgspec.ValidationError:
+        try:
+            values = _NESTED.decode(raw)
+        except (msgspec.ValidationError, RecursionError):
+            raise malformed from None
+        if len(values) != rows or any(len(row) != dim for row in values):
+            raise malformed from None
+    except RecursionError:
+        raise malformed from None
+    else:
+        if len(values) != rows * dim:
+            raise malformed
+    with np.errstate(over="ignore"):  # beyond float32: infinity, refused as not finite
+        return np.array(values, dtype=np.float32).reshape(rows, dim)
+
+
+def _fusion(parameters: dict[str, Any], signature: ModelSignature) -> tuple[str, float]:
+    method = parameters.get("method", signature.method)
+    if method not in signature.methods:
+        raise InvalidInput(
+            f"parameters.method: unknown method {method!r}; expected one of {', '.join(signature.methods)}"
+        )
+    lam = parameters.get("lambda", signature.lam)
+    try:  # an integer beyond float64 (10**309) overflows: as refused as infinity
+        finite = type(lam) in (int, float) and math.isfinite(float(lam))
+    except OverflowError:
+        finite = False
+    if not finite or lam <= 0:
+        shown = repr(lam) if len(repr(lam)) <= 40 else f"{repr(lam)[:40]}..."
+        raise InvalidInput(f"parameters.lambda must be a positive finite number, got {shown}")
+    return method, float(lam)
+
+
+def _outputs(request: InferRequest, *, binary_request: bool) -> tuple[tuple[str, ...], frozenset[str]]:
+    """The outputs asked for (all, if none are named) and those to send as binary."""
+    default = request.parameters.get("binary_data_output", binary_request)
+    if type(default) is not bool:
+        raise InvalidInput(f"parameters.binary_data_output must be true or false, got {default!r}")
+    if not request.outputs:
+        return tuple(TENSORS), frozenset(TENSORS) if default else frozenset()
+    names, binary = [], set()
+    for i, output in enumerate(request.outputs):
+        where = f"outputs[{i}] ({output.name})"
+        if output.name not in TENSORS:
+            raise InvalidInput(f"{where}: unknown output; this model gives {list(TENSORS)}")
+        if output.name in names:
+            raise InvalidInput(f"{where}: asked for twice")
+        if "classification" in output.parameters:
+            raise InvalidInput(f"{where}: the classification extension is not supported")
+        wanted = output.parameters.get("binary_data", default)
+        if type(wanted) is not bool:
+            raise InvalidInput(f"{where}: parameters.binary_data must be true or false, got {wanted!r}")
+        names.append(output.name)
+        if wanted:
+            binary.add(output.name)
+    return tuple(names), frozenset(binary)
+
+
+# --- the client's side -------------------------------------------------------------------------------
+
+
 def encode_request(
-    features: dict[str, np.ndarray], *, method: str | None = None, lam: float | None = None
+    features: Mapping[str, np.ndarray],
+    *,
+    method: str | None = None,
+    lam: float | None = None,
+    binary_output: bool = True,
 ) -> tuple[bytes, dict[str, str]]:
-    """A binary v2 request (body and headers) for ``features`` {view: (N, dim)}: what a client sends."""
+    """A binary v2 request (body and headers) for ``features`` {view: (N, dim)}: what a client sends.
+
+    ``binary_output``: answers as binary tensors (the compact way) or as JSON.
+    """
     inputs, blobs = [], []
     for name, array in features.items():
         blob = np.ascontiguousarray(array, dtype="<f4").tobytes()
@@ -246,57 +278,32 @@ def encode_request(
             {
                 "name": name,
                 "datatype": "FP32",
-                "shape": list(array.shape),
+                "shape": list(np.shape(array)),
                 "parameters": {"binary_data_size": len(blob)},
             }
         )
         blobs.append(blob)
-    parameters = {k: v for k, v in (("method", method), ("lambda", lam)) if v is not None}
+    parameters: dict[str, Any] = {k: v for k, v in (("method", method), ("lambda", lam)) if v is not None}
+    parameters["binary_data_output"] = binary_output
     header = msgspec.json.encode({"inputs": inputs, "parameters": parameters})
-    headers = {"content-type": "application/octet-stream", HEADER_LENGTH: str(len(header))}
+    headers = {"content-type": BINARY_MEDIA_TYPE, HEADER_LENGTH: str(len(header))}
     return header + b"".join(blobs), headers
 
 
-def decode_response(body: bytes, headers: dict[str, str]) -> dict[str, np.ndarray]:
+def decode_response(body: bytes, headers: Mapping[str, str]) -> dict[str, np.ndarray]:
     """A v2 response -> {output name: array}: what a client reads."""
-    length = headers.get(HEADER_LENGTH)
-    header, binary = (body, b"") if length is None else (body[: int(length)], body[int(length) :])
+    lowered = {key.lower(): value for key, value in headers.items()}
+    length = header_length(lowered.get(HEADER_LENGTH), len(body))
+    header, binary = (body, b"") if length is None else (body[:length], body[length:])
     answer = msgspec.json.decode(header)
-    dtypes = {"FP32": "<f4", "INT64": "<i8", "BOOL": "?"}
     out, offset = {}, 0
     for tensor in answer["outputs"]:
-        dtype = np.dtype(dtypes[tensor["datatype"]])
+        dtype = DTYPES[tensor["datatype"]]
         size = tensor.get("parameters", {}).get("binary_data_size")
         if size is None:
-            out[tensor["name"]] = np.asarray(tensor["data"], dtype=dtype).reshape(tensor["shape"])
+            array = np.asarray(tensor["data"], dtype=dtype)
         else:
-            out[tensor["name"]] = np.frombuffer(
-                binary, dtype=dtype, count=size // dtype.itemsize, offset=offset
-            )
-            out[tensor["name"]] = out[tensor["name"]].reshape(tensor["shape"])
+            array = np.frombuffer(binary, dtype=dtype, count=size // dtype.itemsize, offset=offset)
             offset += size
+        out[tensor["name"]] = array.reshape(tensor["shape"])
     return out
-
-
-def _fusion(parameters: dict[str, Any], model: LoadedModel) -> tuple[str, float]:
-    method = parameters.get("method", model.manifest.fusion.method)
-    if method not in METHODS:
-        raise InvalidInput(
-            f"parameters.method: unknown method {method!r}; expected one of {', '.join(METHODS)}"
-        )
-    lam = parameters.get("lambda", model.manifest.fusion.lam)
-    if type(lam) not in (int, float) or not math.isfinite(lam) or lam <= 0:
-        raise InvalidInput(f"parameters.lambda must be a positive finite number, got {lam!r}")
-    return method, float(lam)
-
-
-def _numbers_only(data: Any) -> bool:
-    """True if ``data`` holds ints and floats only (numpy would also take booleans and numeric strings)."""
-    stack = [data]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, list):
-            stack.extend(item)
-        elif type(item) not in (int, float):
-            return False
-    return True

@@ -23,9 +23,17 @@ from tests.deploy.conftest import (
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "dbf-serve.json"
 DATASOURCES = DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml"
 # Error reasons no alert looks at: stray paths and methods (scanners, typos), other HTTP errors, clients
-# that hang up before sending their whole body, and refused reloads (DBFModelReloadFailed watches
-# dbf_model_reloads_total, which counts the directory watcher's refusals too).
-UNALERTED_REASONS = {"not_found", "method_not_allowed", "http_error", "client_disconnected", "reload_failed"}
+# that hang up or stall before sending their whole body (their network, not their integration: a stalled
+# upload costs a connection for DBF_BODY_TIMEOUT_SECONDS, never a predict slot), and refused reloads
+# (DBFModelReloadFailed watches dbf_model_reloads_total, which counts the directory watcher's refusals too).
+UNALERTED_REASONS = {
+    "not_found",
+    "method_not_allowed",
+    "http_error",
+    "client_disconnected",
+    "request_timeout",
+    "reload_failed",
+}
 
 
 def exposed_names() -> set[str]:

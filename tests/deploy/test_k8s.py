@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from service import routes
+from service.api.routes import probes
 from tests.deploy import dockerfile
 from tests.deploy.conftest import ALERTS, DEPLOY, REPO, load_all_yaml, load_yaml, require_tool, run_tool
 
@@ -138,7 +138,7 @@ def test_deployment_agrees_with_its_service_image_and_autoscaler():
     assert env["DBF_PORT"] == IMAGE.env()["DBF_PORT"]
     assert [p["targetPort"] for p in service["spec"]["ports"]] == [port["name"]]
     # Probes ask endpoints the service has: readiness and start-up /ready, liveness /health.
-    paths = {route.path for route in routes.probes.routes}
+    paths = {route.path for route in probes.router.routes}
     assert container["readinessProbe"]["httpGet"]["path"] == "/ready" in paths
     assert container["startupProbe"]["httpGet"]["path"] == "/ready"
     assert container["livenessProbe"]["httpGet"]["path"] == "/health" in paths

@@ -1,4 +1,6 @@
-"""Start the real service with uvicorn on a loopback port and talk HTTP to it."""
+"""The real service under uvicorn on a loopback port, talked to over HTTP: in this process (a server thread:
+no start-up cost, for black-box tests of what it answers) or as its own process (``python -m service``: for
+start-up, signals and worker processes)."""
 
 from __future__ import annotations
 
@@ -7,11 +9,19 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
+import uvicorn
+
+from service.app import create_app
+from service.settings import Settings
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
 
 
 def free_port() -> int:
@@ -55,6 +65,29 @@ def running_service(*args: str, env: dict[str, str] | None = None, timeout: floa
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@contextmanager
+def serving(model_dir: Path = MODELS, **settings: object) -> Iterator[str]:
+    """The app on uvicorn in a thread of this process, on a free loopback port, until the block ends; yields
+    its base URL. ``settings`` are :class:`~service.settings.Settings` fields (``max_samples=64``...)."""
+    app = create_app(Settings(model_dir=model_dir, log_level="warning", **settings))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name=f"uvicorn:{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError("the in-process service stopped during start-up (see the log above)")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the in-process service did not start on port {port} within 60 s")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
 
 
 def start_and_fail(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from service.client import AsyncClient, Client, DBFError, Prediction
-from tests.service.conftest import running_service
+from tests.service.conftest import MODELS, serving
 
-MODELS = Path(__file__).resolve().parents[2] / "models"
 CUB = {"image": np.zeros(1024, np.float32), "text": np.zeros(300)}
 
 
 @pytest.fixture(scope="module")
 def url():
-    with running_service("--model-dir", str(MODELS / "cub")) as base:
+    with serving(MODELS / "cub") as base:
         yield base
 
 
@@ -50,3 +50,30 @@ def test_async_client(url):
             assert len({p.label for p in results}) == 1  # same input, same answer, concurrently
 
     asyncio.run(scenario())
+
+
+def test_the_client_and_the_v2_codec_need_numpy_httpx_and_msgspec_only():
+    """A client's environment has no server: importing the client and the v2 codec (and using the latter)
+    must not need onnxruntime, prometheus-client, the web framework, pydantic or the fusion package."""
+    server_side = (
+        "onnxruntime", "prometheus_client", "fastapi", "starlette", "uvicorn", "anyio", "pydantic",
+        "pydantic_settings", "orjson", "array_api_compat", "torch", "fusion", "manifest",
+    )  # fmt: skip
+    script = f"""
+import sys
+
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {server_side!r}:
+            raise ImportError(f"a client must not need {{name}}")
+
+sys.meta_path.insert(0, Refuse())
+import numpy as np
+from service.client import AsyncClient, Client, Prediction
+from service.v2 import decode_response, encode_request
+body, headers = encode_request({{"mor": np.zeros((2, 6), np.float32)}})
+answer = b'{{"outputs": [{{"name": "label", "datatype": "INT64", "shape": [2], "data": [1, 2]}}]}}'
+assert decode_response(answer, {{}})["label"].tolist() == [1, 2]
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

@@ -19,7 +19,7 @@ import pytest
 
 from service.app import create_app
 from service.settings import Settings
-from tests.service.conftest import free_port, running_service
+from tests.service.conftest import free_port, running_service, serving
 from tests.service.test_service import HANDWRITTEN_DIMS, zeros_sample
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -32,7 +32,7 @@ def random_samples(n: int, seed: int = 0) -> list[dict]:
 
 
 def test_bearer_token_guards_predict_and_models_but_not_probes():
-    with running_service("--model-dir", HANDWRITTEN, env={"DBF_API_KEY": "s3cret-token"}) as url:
+    with serving(Path(HANDWRITTEN), api_key="s3cret-token") as url:
         body = {"samples": [zeros_sample(**HANDWRITTEN_DIMS)]}
         for method, path, send in (
             ("POST", "/predict", body),
@@ -76,7 +76,6 @@ def test_the_schema_asks_for_a_token_exactly_where_one_is_checked():
 def test_overload_is_shed_at_once_with_retry_after():
     """One inference thread and at most 2 requests in flight: 24 concurrent big requests must get either an
     answer or a quick 503 with Retry-After, nothing else."""
-    env = {"DBF_MAX_IN_FLIGHT": "2", "DBF_INFERENCE_THREADS": "1", "DBF_RETRY_AFTER_SECONDS": "3"}
     body = json.dumps({"samples": random_samples(300)}).encode()
 
     async def load(url: str) -> list[httpx.Response]:
@@ -86,7 +85,7 @@ def test_overload_is_shed_at_once_with_retry_after():
                 *(client.post(url + "/predict", content=body, headers=headers) for _ in range(24))
             )
 
-    with running_service("--model-dir", HANDWRITTEN, env=env) as url:
+    with serving(Path(HANDWRITTEN), max_in_flight=2, inference_threads=1, retry_after_seconds=3) as url:
         responses = asyncio.run(load(url))
         statuses = Counter(r.status_code for r in responses)
         assert set(statuses) == {200, 503} and statuses[200] >= 2, statuses
@@ -114,7 +113,7 @@ def test_concurrent_requests_get_their_own_answers(batching):
             responses = await asyncio.gather(*(client.post(url + "/predict", json=bodies[i]) for i in order))
             return [responses[list(order).index(i)] for i in range(len(bodies))]
 
-    with running_service("--model-dir", HANDWRITTEN, env={"DBF_BATCHING": batching}) as url:
+    with serving(Path(HANDWRITTEN), batching=batching == "true") as url:
         together = httpx.post(url + "/predict", json={"samples": samples}, timeout=60).json()["predictions"]
         responses = asyncio.run(concurrently(url))
         for alone, expected in zip(responses[: len(samples)], together, strict=True):
@@ -128,6 +127,7 @@ def test_concurrent_requests_get_their_own_answers(batching):
             assert "samples[0].views." in failed.json()["error"]["message"]
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_in_flight_requests_and_exits_zero():
     """SIGTERM while a request is in flight: the service stops accepting connections, answers that request
     in full, and exits 0."""
@@ -184,6 +184,7 @@ def test_sigterm_finishes_in_flight_requests_and_exits_zero():
             proc.wait()
 
 
+@pytest.mark.slow
 def test_load_at_concurrency_64_has_no_errors_but_deliberate_shedding():
     """A sustained load (60 s; DBF_LOAD_TEST_SECONDS) at concurrency 64 with single-sample requests and
     some 64-sample ones, against the service's default settings: every answer is a 200 or a deliberate 503

@@ -11,10 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service.conftest import running_service
+from tests.service.conftest import MODELS, running_service, serving
 from tests.service.test_service import HANDWRITTEN_DIMS, metric, zeros_sample
 
-MODELS = Path(__file__).resolve().parents[2] / "models"
 BODY = {"samples": [zeros_sample(**HANDWRITTEN_DIMS)]}
 PIE = {"samples": [{"views": {"intensity": [0.5] * 484}}]}
 
@@ -32,7 +31,10 @@ def models(url: str) -> list[str]:
 
 def test_reload_adds_a_model_and_refuses_a_tampered_one(tmp_path):
     root = repository(tmp_path, "handwritten")
-    with running_service("--model-dir", str(root)) as url:
+    with serving(root) as url:
+        failures, successes = (
+            metric(url, "dbf_model_reloads_total", outcome=o) for o in ("failure", "success")
+        )
         before = httpx.post(url + "/predict", json=BODY).json()
         shutil.copytree(MODELS / "pie", root / "pie")
         answer = httpx.post(url + "/v1/admin/reload")
@@ -49,8 +51,8 @@ def test_reload_adds_a_model_and_refuses_a_tampered_one(tmp_path):
         assert str(head) in refused.json()["error"]["message"]
         assert httpx.get(url + "/ready").status_code == 200
         assert httpx.post(url + "/predict", json=BODY).json() == before
-        assert metric(url, "dbf_model_reloads_total", outcome="failure") == 1
-        assert metric(url, "dbf_model_reloads_total", outcome="success") == 1
+        assert metric(url, "dbf_model_reloads_total", outcome="failure") == failures + 1
+        assert metric(url, "dbf_model_reloads_total", outcome="success") == successes + 1
 
 
 def test_requests_during_reloads_all_succeed(tmp_path):
@@ -76,7 +78,7 @@ def test_requests_during_reloads_all_succeed(tmp_path):
             *users, reloads = await asyncio.gather(*(user() for _ in range(8)), reloader())
             return [s for u in users for s in u], reloads
 
-    with running_service("--model-dir", str(root)) as url:
+    with serving(root) as url:
         statuses, reloads = asyncio.run(traffic_and_reloads(url))
     assert set(statuses) == {200} and len(statuses) > 20
     assert set(reloads) == {200} and len(reloads) >= 2
@@ -84,8 +86,8 @@ def test_requests_during_reloads_all_succeed(tmp_path):
 
 def test_the_watcher_reloads_changes_and_keeps_serving_through_bad_ones(tmp_path):
     root = repository(tmp_path, "handwritten")
-    env = {"DBF_RELOAD_POLL_SECONDS": "0.2"}
-    with running_service("--model-dir", str(root), env=env) as url:
+    with serving(root, reload_poll_seconds=0.2) as url:
+        failures = metric(url, "dbf_model_reloads_total", outcome="failure")
         # Staged beside the repository, then renamed in: a watcher must never see half a copy.
         shutil.copytree(MODELS / "cub", tmp_path / "staging")
         (tmp_path / "staging").rename(root / "cub")
@@ -96,7 +98,7 @@ def test_the_watcher_reloads_changes_and_keeps_serving_through_bad_ones(tmp_path
         head = root / "cub" / "text.onnx"
         head.write_bytes(head.read_bytes()[:-10])
         deadline = time.monotonic() + 30
-        while metric(url, "dbf_model_reloads_total", outcome="failure") < 1:
+        while metric(url, "dbf_model_reloads_total", outcome="failure") < failures + 1:
             assert time.monotonic() < deadline, "the watcher did not try the broken model"
             time.sleep(0.2)
         assert models(url) == ["cub", "handwritten"]

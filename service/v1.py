@@ -1,10 +1,12 @@
-"""A JSON predict body -> one float32 array per view, validated in bulk, with errors that say what is wrong
-and where (``samples[i].views.<name>``).
+"""The v1 protocol's codec: a JSON ``/predict`` body -> an :class:`~service.inference.InferenceRequest`, and a
+:class:`~service.inference.Result` -> the JSON answer. Errors say what is wrong and where, in v1's grammar
+(``samples[i].views.<name>``).
 
-Two paths give the same answers. The fast one decodes with msgspec straight into typed lists (in C, no
-per-float Python) and converts each view to numpy at once; it declines anything unusual. The strict one,
+Two decoders give the same answers. The fast one decodes with msgspec straight into typed lists (in C, no
+per-float Python) and converts every view to numpy at once; it declines anything unusual. The strict one,
 the authority, walks the document in Python and names the first problem exactly; it runs only when the fast
-one declines, so bad input costs more than good input, both bounded by the body-size limit.
+one declines, so bad input costs more than good input, both bounded by the body-size limit. Both read the
+grammar of :class:`service.schemas.PredictRequest`.
 """
 
 from __future__ import annotations
@@ -12,63 +14,77 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 import numpy as np
+import orjson
 
-from fusion import METHODS
-from service.errors import InvalidInput, PayloadTooLarge
-from service.repository import LoadedModel
+from service.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
+from service.inference import InferenceRequest, ModelSignature, Result
+from service.outputs import FIELDS
+from service.schemas import PredictRequest
 
-
-@dataclass(frozen=True)
-class Batch:
-    """A validated request: features per view ``(N, dim)`` (zeros where missing), presence ``(N, V)``."""
-
-    features: dict[str, np.ndarray]
-    present: np.ndarray
-    method: str
-    lam: float
-
-    def __len__(self) -> int:
-        return self.present.shape[0]
-
-    @classmethod
-    def concat(cls, batches: list[Batch]) -> Batch:
-        """One batch of the samples of ``batches``, which share their fusion (method and lambda)."""
-        first = batches[0]
-        if len(batches) == 1:
-            return first
-        features = {name: np.concatenate([b.features[name] for b in batches]) for name in first.features}
-        return cls(features, np.concatenate([b.present for b in batches]), first.method, first.lam)
+MEDIA_TYPE = "application/json"
+_JSON = {"content-type": MEDIA_TYPE}
+# The body's fields, as the wire type spells them (the strict decoder refuses any other).
+_BODY_FIELDS = tuple(field.encode_name for field in msgspec.structs.fields(PredictRequest))
+_FIELD_NAMES = tuple(output.name for output in FIELDS)
 
 
-def parse(body: bytes, model: LoadedModel, *, max_samples: int) -> Batch:
-    """Validate a request body against ``model``'s views (:class:`InvalidInput`, :class:`PayloadTooLarge`)."""
-    batch = _parse_fast(body, model, max_samples)
-    return batch if batch is not None else _parse_strict(body, model, max_samples)
+def accept(headers: Mapping[str, str]) -> None:
+    """Refuse, before the body is read, what this protocol does not take: anything but JSON (415)."""
+    content_type = headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type != MEDIA_TYPE:
+        raise UnsupportedMediaType(
+            f"send the body as application/json, not {content_type or 'no content type'!r}"
+        )
 
 
-class _Sample(msgspec.Struct, forbid_unknown_fields=True):
-    views: dict[str, list[float]]
+def decode(
+    body: bytes, headers: Mapping[str, str], signature: ModelSignature, *, max_samples: int
+) -> tuple[InferenceRequest, ModelSignature]:
+    """Validate a body against the model's views (:class:`InvalidInput`, :class:`PayloadTooLarge`); the
+    context to answer with is the signature itself."""
+    return parse(body, signature, max_samples=max_samples), signature
 
 
-class _Body(msgspec.Struct, forbid_unknown_fields=True):
-    samples: list[_Sample]
-    method: str | msgspec.UnsetType = msgspec.UNSET
-    lam: float | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="lambda")
+def encode(signature: ModelSignature, result: Result) -> tuple[bytes, dict[str, str]]:
+    """The JSON answer: per sample the fields of the output registry (views not sent are ``null`` in the
+    conflict matrix and absent from ``discount`` and ``views``)."""
+    # Each field's column at once (tolist is fast), then one dict per sample.
+    columns = [output.field.column(result, signature) for output in FIELDS]
+    predictions = [dict(zip(_FIELD_NAMES, values, strict=True)) for values in zip(*columns, strict=True)]
+    answer = {
+        "model": signature.name,
+        "method": result.method,
+        "lambda": result.lam,
+        "views": signature.view_names,
+        "predictions": predictions,
+    }
+    return orjson.dumps(answer), _JSON
 
 
-_DECODER = msgspec.json.Decoder(_Body)
+def locate(error: InvalidInput, signature: ModelSignature) -> InvalidInput:
+    """A core error about one sample's view, worded in v1's grammar."""
+    return error.located(f"samples[{error.sample}].views.{signature.views[error.view].name}")
+
+
+def parse(body: bytes, signature: ModelSignature, *, max_samples: int) -> InferenceRequest:
+    """Validate a request body against the model's views (:class:`InvalidInput`, :class:`PayloadTooLarge`)."""
+    request = _parse_fast(body, signature, max_samples)
+    return request if request is not None else _parse_strict(body, signature, max_samples)
+
+
+_DECODER = msgspec.json.Decoder(PredictRequest)
 # A key is a string followed by a colon; with no backslash in the body no string can hold a quote, so this
 # counts every key of the document (to find duplicate keys, which msgspec, like most parsers, lets through).
 _KEY = re.compile(rb'"[ \t\r\n]*:')
 
 
-def _parse_fast(body: bytes, model: LoadedModel, max_samples: int) -> Batch | None:
-    """The batch, or None where :func:`_parse_strict` must decide (and explain)."""
+def _parse_fast(body: bytes, signature: ModelSignature, max_samples: int) -> InferenceRequest | None:
+    """The request, or None where :func:`_parse_strict` must decide (and explain)."""
     if b"\\" in body:  # escapes could spell a duplicate key differently
         return None
     try:
@@ -88,12 +104,12 @@ def _parse_fast(body: bytes, model: LoadedModel, max_samples: int) -> Batch | No
     if body.count(b":") != keys and len(_KEY.findall(body)) != keys:
         return None
     try:
-        method, lam = _fusion_options(options, model)
+        method, lam = _fusion_options(options, signature)
     except InvalidInput:
         return None
     # All the samples' values in one list, view after view in the manifest's order (zeros for a view not
     # sent), converted and checked at once: one numpy call per request rather than one per view.
-    layout, absent, flat = model.view_layout, [], []
+    layout, absent, flat = signature.view_layout, [], []
     for i, sample in enumerate(samples):
         views, found = sample.views, 0
         for v, (name, dim, zeros) in enumerate(layout):
@@ -123,10 +139,10 @@ def _parse_fast(body: bytes, model: LoadedModel, max_samples: int) -> Batch | No
     for name, dim, _ in layout:
         features[name] = np.ascontiguousarray(values[:, start : start + dim])  # a view when N is 1
         start += dim
-    return Batch(features, present, method, lam)
+    return InferenceRequest(features, present, method, lam)
 
 
-def _parse_strict(body: bytes, model: LoadedModel, max_samples: int) -> Batch:
+def _parse_strict(body: bytes, signature: ModelSignature, max_samples: int) -> InferenceRequest:
     try:
         # Integers as floats (a 400-digit integer becomes inf, then is refused); duplicate keys refused.
         payload = json.loads(
@@ -136,10 +152,11 @@ def _parse_strict(body: bytes, model: LoadedModel, max_samples: int) -> Batch:
         raise InvalidInput(f"body is not valid JSON: {error}") from None
     if not isinstance(payload, dict):
         raise InvalidInput("body must be a JSON object with a 'samples' list")
-    unknown = set(payload) - {"samples", "method", "lambda"}
+    unknown = set(payload) - set(_BODY_FIELDS)
     if unknown:
-        raise InvalidInput(f"unknown field(s) {sorted(unknown)}; expected 'samples', 'method', 'lambda'")
-    method, lam = _fusion_options(payload, model)
+        expected = ", ".join(repr(name) for name in _BODY_FIELDS)
+        raise InvalidInput(f"unknown field(s) {sorted(unknown)}; expected {expected}")
+    method, lam = _fusion_options(payload, signature)
     samples = payload.get("samples")
     if not isinstance(samples, list):
         raise InvalidInput("'samples' must be a list of {'views': {view name: [numbers]}}")
@@ -147,7 +164,7 @@ def _parse_strict(body: bytes, model: LoadedModel, max_samples: int) -> Batch:
         raise InvalidInput("'samples' is empty: send at least one sample")
     if len(samples) > max_samples:
         raise PayloadTooLarge(_too_many(len(samples), max_samples))
-    views, index = model.manifest.views, model.view_index
+    views, index = signature.views, signature.view_index
     rows: dict[str, list[np.ndarray]] = {view.name: [] for view in views}
     present = np.zeros((len(samples), len(views)), dtype=bool)
     for i, sample in enumerate(samples):
@@ -167,18 +184,18 @@ def _parse_strict(body: bytes, model: LoadedModel, max_samples: int) -> Batch:
         if rows[view.name]:
             full[present[:, v]] = np.stack(rows[view.name])
         features[view.name] = full
-    return Batch(features, present, method, lam)
+    return InferenceRequest(features, present, method, lam)
 
 
 def _too_many(n: int, max_samples: int) -> str:
     return f"{n} samples in one request; at most {max_samples} are accepted"
 
 
-def _fusion_options(payload: dict, model: LoadedModel) -> tuple[str, float]:
-    method = payload.get("method", model.manifest.fusion.method)
-    if method not in METHODS:
-        raise InvalidInput(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
-    lam = payload.get("lambda", model.manifest.fusion.lam)
+def _fusion_options(payload: dict, signature: ModelSignature) -> tuple[str, float]:
+    method = payload.get("method", signature.method)
+    if method not in signature.methods:
+        raise InvalidInput(f"unknown method {method!r}; expected one of {', '.join(signature.methods)}")
+    lam = payload.get("lambda", signature.lam)
     if type(lam) is not float or not math.isfinite(lam) or lam <= 0:
         raise InvalidInput(f"'lambda' must be a positive finite number, got {lam!r}")
     return method, float(lam)

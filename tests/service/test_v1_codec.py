@@ -1,4 +1,4 @@
-"""The JSON predict body parser: the fast path (msgspec, bulk numpy) gives exactly what the strict path
+"""The v1 codec's JSON decoding: the fast path (msgspec, bulk numpy) gives exactly what the strict path
 gives, and every refusal carries the strict path's message."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from service.errors import InvalidInput, PayloadTooLarge
-from service.parsing import _parse_fast, _parse_strict, parse
 from service.repository import load_repository
 from service.settings import Settings
+from service.v1 import _parse_fast, _parse_strict, parse
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
-MODEL = load_repository(Settings(model_dir=MODELS / "handwritten")).get()
-DIMS = {view.name: view.dim for view in MODEL.manifest.views}
+MODEL = load_repository(Settings(model_dir=MODELS / "handwritten")).get().signature
+DIMS = {view.name: view.dim for view in MODEL.views}
 NUMBERS = st.one_of(
     st.floats(allow_nan=False, allow_infinity=False, width=32),
     st.integers(-(10**6), 10**6),

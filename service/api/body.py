@@ -1,0 +1,129 @@
+"""A request's body, read defensively: its declared length checked before anything arrives, its bytes bounded
+(``DBF_MAX_BODY_BYTES``, decompressed too), its arrival timed (``DBF_BODY_TIMEOUT_SECONDS`` and
+``DBF_BODY_MIN_BYTES_PER_SECOND``), and its memory reserved in the data plane's budget
+(``DBF_BODY_MEMORY_BYTES``) until the answer is sent. ``Content-Encoding: gzip`` and ``deflate`` bodies (as
+tritonclient's ``request_compression_algorithm`` sends them) are decompressed, never past the size limit.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+from starlette.requests import Request
+
+from service.dataplane import INLINE_BODY_BYTES, DataPlane
+from service.errors import InvalidInput, PayloadTooLarge, RequestTimeout, UnsupportedMediaType
+
+# A length of more digits than this is over any limit (and int() of thousands of digits raises).
+_MAX_DIGITS = 18
+_WBITS = {"gzip": (16 + zlib.MAX_WBITS,), "deflate": (zlib.MAX_WBITS, -zlib.MAX_WBITS)}  # zlib, else raw
+# A body may take this long before its average rate counts (a client's warm-up, a pause on a slow link).
+_RATE_GRACE_SECONDS = 5.0
+
+
+@asynccontextmanager
+async def received(request: Request, plane: DataPlane) -> AsyncIterator[bytes]:
+    """The whole body (decompressed), its bytes held in the body budget until the block ends."""
+    settings = plane.settings
+    limit = settings.max_body_bytes
+    declared = content_length(request.headers.get("content-length"), limit)
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding != "identity" and encoding not in _WBITS:
+        raise UnsupportedMediaType(
+            f"Content-Encoding {encoding[:40]!r} is not supported; send identity, gzip or deflate"
+        )
+    reserved = 0
+
+    def reserve(size: int) -> None:
+        nonlocal reserved
+        if size > reserved:
+            plane.bodies.reserve(size - reserved)
+            reserved = size
+
+    try:
+        if declared is not None:
+            reserve(declared)
+        chunks, size = [], 0
+        async for chunk in _timed(request, settings.body_timeout_seconds, settings.body_min_bytes_per_second):
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(
+                    f"body over {limit} bytes; at most {limit} are accepted (DBF_MAX_BODY_BYTES)"
+                )
+            reserve(size)  # a body of undeclared length (chunked) reserves as it arrives
+            chunks.append(chunk)
+        body = b"".join(chunks)
+        if encoding != "identity":
+            body = await plane.run(
+                decompress, body, encoding, limit, inline=len(body) <= INLINE_BODY_BYTES // 8
+            )
+            reserve(size + len(body))
+        yield body
+    finally:
+        plane.bodies.release(reserved)
+
+
+def content_length(text: str | None, limit: int) -> int | None:
+    """The declared body length (None if not declared), refused with 413 when over ``limit``."""
+    if text is None:
+        return None
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit()):
+        raise InvalidInput(f"Content-Length {digits[:40]!r} is not a number of bytes")
+    significant = digits.lstrip("0") or "0"
+    if len(significant) > _MAX_DIGITS or int(significant) > limit:
+        shown = significant if len(significant) <= 40 else f"a {len(significant)}-digit number of"
+        raise PayloadTooLarge(too_large(f"body of {shown} bytes", limit))
+    return int(significant)
+
+
+def too_large(what: str, limit: int) -> str:
+    return f"{what}; at most {limit} are accepted (DBF_MAX_BODY_BYTES)"
+
+
+def decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    """A gzip or deflate (zlib, or raw) body, refused with 413 as soon as it would exceed ``limit``: a
+    compressed body of a few kilobytes can stand for gigabytes."""
+    for wbits in _WBITS[encoding]:
+        decompressor = zlib.decompressobj(wbits)
+        try:
+            out = decompressor.decompress(body, limit + 1)
+        except zlib.error:
+            continue
+        if len(out) > limit or decompressor.unconsumed_tail:
+            raise PayloadTooLarge(too_large(f"body over {limit} bytes once decompressed", limit))
+        if not decompressor.eof:
+            raise InvalidInput(f"the {encoding} body ends before its compressed stream does")
+        return out
+    raise InvalidInput(f"the body is not {encoding}-compressed data (Content-Encoding: {encoding})")
+
+
+async def _timed(request: Request, timeout: float, min_rate: int) -> AsyncIterator[bytes]:
+    """The body's chunks as they come, or :class:`RequestTimeout` when the whole body takes over ``timeout``
+    seconds or arrives slower than ``min_rate`` bytes a second on average after its first seconds."""
+    started, received = time.monotonic(), 0
+    chunks = request.stream().__aiter__()
+    while True:
+        # The latest moment for the next chunk: the overall deadline, or when the bytes so far fall below
+        # the minimum rate.
+        allowed = timeout if not min_rate else min(timeout, _RATE_GRACE_SECONDS + received / min_rate)
+        wait = allowed - (time.monotonic() - started)
+        chunk = None
+        if wait > 0:
+            with anyio.move_on_after(wait):
+                try:
+                    chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    return
+        if chunk is None:
+            raise RequestTimeout(
+                f"the body did not arrive in time: {received} bytes in {time.monotonic() - started:.1f} s "
+                f"(DBF_BODY_TIMEOUT_SECONDS {timeout:g}, DBF_BODY_MIN_BYTES_PER_SECOND {min_rate})"
+            )
+        received += len(chunk)
+        if chunk:
+            yield chunk

@@ -1,0 +1,21 @@
+"""``/v1/admin``: operations on the running service."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from service.api.openapi import documented, ok
+from service.reload import reload_repository
+
+router = APIRouter(prefix="/v1/admin", tags=["admin"])
+
+
+@router.post("/reload", **documented(ok("Reloaded"), 409))
+async def reload(request: Request) -> dict[str, Any]:
+    """Verify and load the model directory afresh and swap it in atomically; a model that fails its checks
+    never replaces a good one (409, naming the file). With several worker processes, each must reload:
+    use DBF_RELOAD_POLL_SECONDS there."""
+    repository = await reload_repository(request.app)
+    return {"status": "reloaded", "models": sorted(repository.models), "default": repository.default}

@@ -1,0 +1,81 @@
+"""Liveness, readiness and metrics, open to all (the Open Inference Protocol's too). They answer GET and HEAD
+(probes that only look at the status)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from service import metrics
+from service.api.openapi import documented, ok
+from service.dataplane import DataPlane
+
+router = APIRouter(tags=["probes"])
+open_inference = APIRouter(prefix="/v2", tags=["open inference protocol (v2)"])
+
+
+def probe(on: APIRouter, path: str, **options: Any) -> Callable[[Callable], Callable]:
+    """``GET path``, documented, and ``HEAD path`` (the same answer without its body) for probes that only
+    look at the status."""
+
+    def register(endpoint: Callable) -> Callable:
+        on.get(path, **options)(endpoint)
+        on.head(path, include_in_schema=False, **options)(endpoint)
+        return endpoint
+
+    return register
+
+
+@probe(router, "/health", **documented(ok("Health")))
+def health() -> dict[str, str]:
+    """Liveness: the process answers (inference runs off the event loop, so this stays fast under load)."""
+    return {"status": "ok"}
+
+
+@probe(
+    router,
+    "/ready",
+    **documented(ok("Readiness"), unavailable=ok("Readiness", "models not loaded, or failed verification")),
+)
+def ready(request: Request) -> JSONResponse:
+    """Readiness: 200 once every model is loaded and verified, else 503 with the reason."""
+    plane: DataPlane = request.app.state.dataplane
+    if plane.repository is None:
+        return JSONResponse({"status": "not ready", "reason": plane.load_error}, status_code=503)
+    return JSONResponse({"status": "ready", "models": sorted(plane.repository.models)})
+
+
+@probe(
+    router,
+    "/metrics",
+    response_class=Response,
+    **documented({"description": "Prometheus exposition format", "content": {"text/plain": {}}}),
+)
+def prometheus_metrics() -> Response:
+    """Prometheus exposition format."""
+    return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+
+@probe(open_inference, "", **documented(ok("ServerMetadata")))
+def server_metadata(request: Request) -> dict[str, object]:
+    """Server metadata (Open Inference Protocol)."""
+    return {"name": "dbf-serve", "version": request.app.version, "extensions": ["binary_tensor_data"]}
+
+
+@probe(open_inference, "/health/live", **documented(ok("ServerLiveness")))
+def server_live() -> dict[str, bool]:
+    return {"live": True}
+
+
+@probe(
+    open_inference,
+    "/health/ready",
+    **documented(ok("ServerReadiness"), unavailable=ok("ServerReadiness", "models not loaded")),
+)
+def server_ready(request: Request) -> JSONResponse:
+    ready = request.app.state.dataplane.repository is not None
+    return JSONResponse({"ready": ready}, status_code=200 if ready else 503)

@@ -1,0 +1,128 @@
+"""The core that knows no protocol (as KServe's DataPlane): which models are served, admission (load
+shedding, the body memory budget), micro-batching, the inference threads and the request metrics, once for
+every protocol. A codec turns a body into an :class:`~service.inference.InferenceRequest` and a
+:class:`~service.inference.Result` into an answer; everything between is here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import TypeVar
+
+import anyio
+
+from service import metrics
+from service.batching import MicroBatcher
+from service.errors import ModelNotFound, NotReady, Overloaded
+from service.inference import InferenceRequest, Result
+from service.repository import LoadedModel, Repository
+from service.runtime import predict
+from service.settings import Settings
+
+T = TypeVar("T")
+
+# Requests with at most this many sample-views are micro-batched with others; a bigger one is a batch
+# already, and runs alone (one thread hop, no queue).
+BATCHED_SAMPLE_VIEWS = 256
+# CPU work of a codec runs on the event loop when it is this small (tens of microseconds), else on the
+# inference threads, so that no request stalls the others or /health. Decoding costs in proportion to the
+# body's bytes; encoding to the answer's numbers (samples x numbers per sample), whatever the body's size.
+INLINE_BODY_BYTES = 16 * 1024
+INLINE_ANSWER_VALUES = 4096
+
+
+class BodyBudget:
+    """Bytes of request bodies buffered at once, across requests: a reservation past the budget is shed
+    (503 overloaded), so that concurrent big uploads cannot exhaust the process's memory."""
+
+    def __init__(self, limit: int, retry_after: int) -> None:
+        self.limit, self.used, self._retry_after = limit, 0, retry_after
+
+    def reserve(self, size: int) -> None:
+        if self.used + size > self.limit:
+            raise Overloaded(
+                f"{self.used} bytes of request bodies buffered, the most this service holds at once "
+                "(DBF_BODY_MEMORY_BYTES); retry later",
+                headers={"Retry-After": str(self._retry_after)},
+            )
+        self.used += size  # one event loop: no lock needed
+
+    def release(self, size: int) -> None:
+        self.used -= size
+
+
+class DataPlane:
+    """Models, admission, batching and threads: what every protocol's request goes through."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.repository: Repository | None = None
+        self.load_error = "models are loading"
+        self.in_flight = 0
+        self.bodies = BodyBudget(settings.body_memory_bytes, settings.retry_after_seconds)
+        self._limiter = anyio.CapacityLimiter(settings.inference_threads)
+        self._batcher = (
+            MicroBatcher(
+                predict,
+                self._limiter,
+                max_samples=settings.batch_max_samples,
+                max_delay=settings.batch_max_delay_ms / 1000,
+            )
+            if settings.batching
+            else None
+        )
+
+    def ready(self) -> Repository:
+        """The models being served, or :class:`NotReady` with the reason."""
+        if self.repository is None:
+            raise NotReady(f"models are not loaded: {self.load_error}")
+        return self.repository
+
+    def model(self, name: str | None, version: str | None = None) -> LoadedModel:
+        """The model called ``name`` (the default one for None), at ``version`` if one is asked for."""
+        repository = self.ready()
+        model = repository.get(name)
+        if model is None:
+            raise ModelNotFound(f"no model named {name!r}; available: {sorted(repository.models)}")
+        if version is not None and version != model.signature.version:
+            served = model.signature.version
+            raise ModelNotFound(
+                f"model {model.name!r} has no version {version!r}; it serves version {served!r}"
+            )
+        return model
+
+    @asynccontextmanager
+    async def admitted(self, model: LoadedModel) -> AsyncIterator[None]:
+        """Count the request in flight, or shed it at once with 503 + Retry-After when too many are; its
+        time inside is the request latency of the model."""
+        settings = self.settings
+        if self.in_flight >= settings.max_in_flight:
+            raise Overloaded(
+                f"{self.in_flight} requests in flight, the most this service takes (DBF_MAX_IN_FLIGHT); "
+                "retry later",
+                headers={"Retry-After": str(settings.retry_after_seconds)},
+            )
+        self.in_flight += 1  # one event loop: no lock needed
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            metrics.REQUEST_SECONDS.labels(model.name).observe(time.perf_counter() - started)
+
+    async def infer(self, model: LoadedModel, request: InferenceRequest) -> Result:
+        """Heads, fusion and flag for ``request``: micro-batched with others when small, else alone, off the
+        event loop either way."""
+        metrics.BATCH_SIZE.labels(model.name).observe(len(request))
+        if self._batcher is not None and len(request) * request.present.shape[1] <= BATCHED_SAMPLE_VIEWS:
+            return await self._batcher.submit(model, request)
+        return await anyio.to_thread.run_sync(predict, model, request, limiter=self._limiter)
+
+    async def run(self, work: Callable[..., T], *args, inline: bool, **kwargs) -> T:
+        """A codec's CPU work: here when ``inline`` (small), else on the inference threads."""
+        if inline:
+            return work(*args, **kwargs)
+        return await anyio.to_thread.run_sync(partial(work, *args, **kwargs), limiter=self._limiter)

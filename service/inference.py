@@ -1,0 +1,93 @@
+"""What flows through the core, in no protocol's terms: a model's signature, a request as arrays, a result as
+arrays. numpy only, so that codecs and clients can use these without the server's dependencies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from functools import cached_property
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ViewSpec:
+    name: str
+    dim: int
+
+
+@dataclass(frozen=True)
+class ModelSignature:
+    """What a protocol needs to know of a model to decode a request for it and encode the answer."""
+
+    name: str
+    version: str
+    views: tuple[ViewSpec, ...]  # in the model's order: the V axis of every array
+    classes: tuple[str, ...]  # in label order: the K axis
+    method: str  # the default fusion
+    lam: float
+    methods: tuple[str, ...]  # the fusion methods a request may ask for
+
+    @cached_property
+    def view_index(self) -> dict[str, int]:
+        """View name -> its position (in every ``(N, V, ...)`` array)."""
+        return {view.name: v for v, view in enumerate(self.views)}
+
+    @cached_property
+    def view_names(self) -> list[str]:
+        return [view.name for view in self.views]
+
+    @cached_property
+    def view_layout(self) -> tuple[tuple[str, int, list[float]], ...]:
+        """Per view in order: its name, its dimension and that many zeros (a view not sent)."""
+        return tuple((view.name, view.dim, [0.0] * view.dim) for view in self.views)
+
+
+@dataclass(frozen=True)
+class InferenceRequest:
+    """A validated request: features per view ``(N, dim)`` float32 (zeros where missing), presence ``(N, V)``,
+    and the fusion asked for."""
+
+    features: dict[str, np.ndarray]
+    present: np.ndarray
+    method: str
+    lam: float
+
+    def __len__(self) -> int:
+        return self.present.shape[0]
+
+    @classmethod
+    def concat(cls, requests: list[InferenceRequest]) -> InferenceRequest:
+        """One request of the samples of ``requests``, which share their fusion (method and lambda)."""
+        first = requests[0]
+        if len(requests) == 1:
+            return first
+        features = {name: np.concatenate([r.features[name] for r in requests]) for name in first.features}
+        return cls(features, np.concatenate([r.present for r in requests]), first.method, first.lam)
+
+
+@dataclass(frozen=True)
+class Result:
+    """Per-sample answers as arrays (N samples, V views, K classes); :meth:`rows` slices them."""
+
+    present: np.ndarray  # (N, V) bool
+    label: np.ndarray  # (N,) int
+    probability: np.ndarray  # (N, K)
+    belief: np.ndarray  # (N, K)
+    uncertainty: np.ndarray  # (N,)
+    conflict: np.ndarray  # (N, V, V)
+    discount: np.ndarray  # (N, V)
+    high_conflict: np.ndarray  # (N,) bool
+    blamed_view: np.ndarray  # (N,) int, the view in most conflict (meaningful where flagged)
+    view_belief: np.ndarray  # (N, V, K)
+    view_uncertainty: np.ndarray  # (N, V)
+    method: str
+    lam: float
+
+    def __len__(self) -> int:
+        return self.label.shape[0]
+
+    def rows(self, start: int, stop: int) -> Result:
+        sliced = {
+            f.name: getattr(self, f.name)[start:stop] for f in fields(self) if f.name not in ("method", "lam")
+        }
+        return Result(**sliced, method=self.method, lam=self.lam)

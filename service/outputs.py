@@ -1,0 +1,206 @@
+"""The registry of what an answer holds, per sample: one entry per output, read by everything that lists or
+renders outputs (the v1 renderer, v2's output tensors and model metadata, the OpenAPI response schema, the
+Python client's ``Prediction``). A new output is one entry here, plus its computation in the core's
+:class:`~service.inference.Result`.
+
+Each output has a v2 tensor (datatype, per-sample shape from K classes and V views, how to take it from a
+result), a v1 field (its JSON type per sample, and how to render the column of it), or both. numpy and
+msgspec only: the client imports this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from service.inference import ModelSignature, Result
+
+# Open Inference Protocol datatypes and the little-endian numpy dtypes of their binary form.
+DTYPES = {"FP32": np.dtype("<f4"), "INT64": np.dtype("<i8"), "BOOL": np.dtype("?")}
+
+
+class ViewOpinion(msgspec.Struct, frozen=True):
+    """One view's own opinion, before fusion."""
+
+    belief: list[float]
+    uncertainty: float
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """An output as an Open Inference Protocol tensor ``[N, *shape(K, V)]``."""
+
+    datatype: str
+    shape: Callable[[int, int], tuple[int, ...]]
+    take: Callable[[Result], np.ndarray]  # (N, *shape), in the datatype's dtype
+
+
+@dataclass(frozen=True)
+class Field:
+    """An output as a field of each prediction of the v1 JSON answer."""
+
+    type: Any  # its JSON value's type, as a Python annotation (the schema and the client are built from it)
+    column: Callable[[Result, ModelSignature], list]  # the field's value for every sample, in order
+
+
+@dataclass(frozen=True)
+class Output:
+    name: str
+    description: str
+    tensor: Tensor | None = None
+    field: Field | None = None
+
+
+def _scalar(k: int, v: int) -> tuple[int, ...]:
+    return ()
+
+
+def _classes(k: int, v: int) -> tuple[int, ...]:
+    return (k,)
+
+
+def _views(k: int, v: int) -> tuple[int, ...]:
+    return (v,)
+
+
+def _column(attribute: str) -> Callable[[Result, ModelSignature], list]:
+    return lambda result, _: getattr(result, attribute).tolist()
+
+
+def _as(attribute: str, dtype: str) -> Callable[[Result], np.ndarray]:
+    return lambda result: getattr(result, attribute).astype(DTYPES[dtype], copy=False)
+
+
+def _class_names(result: Result, signature: ModelSignature) -> list[str]:
+    return [signature.classes[label] for label in result.label.tolist()]
+
+
+def _present_conflict(result: Result, _: ModelSignature) -> list:
+    """The V x V matrix per sample, with ``None`` rows and columns for views the sample lacked."""
+    conflict = result.conflict.tolist()
+    if result.present.all():
+        return conflict
+    rows = []
+    for matrix, present in zip(conflict, result.present.tolist(), strict=True):
+        if all(present):
+            rows.append(matrix)
+            continue
+        rows.append(
+            [
+                [value if present[b] else None for b, value in enumerate(row)] if present[a] else None
+                for a, row in enumerate(matrix)
+            ]
+        )
+    return rows
+
+
+def _present_discount(result: Result, signature: ModelSignature) -> list[dict[str, float]]:
+    names = signature.view_names
+    return [
+        {name: eta[v] for v, name in enumerate(names) if present[v]}
+        for eta, present in zip(result.discount.tolist(), result.present.tolist(), strict=True)
+    ]
+
+
+def _blamed(result: Result) -> np.ndarray:
+    return np.where(result.high_conflict, result.blamed_view, -1).astype(DTYPES["INT64"])
+
+
+def _blamed_name(result: Result, signature: ModelSignature) -> list[str | None]:
+    names = signature.view_names
+    return [names[v] if v >= 0 else None for v in _blamed(result).tolist()]
+
+
+def _view_opinions(result: Result, signature: ModelSignature) -> list[dict[str, dict]]:
+    names = signature.view_names
+    return [
+        {
+            name: {"belief": belief[v], "uncertainty": uncertainty[v]}
+            for v, name in enumerate(names)
+            if present[v]
+        }
+        for belief, uncertainty, present in zip(
+            result.view_belief.tolist(),
+            result.view_uncertainty.tolist(),
+            result.present.tolist(),
+            strict=True,
+        )
+    ]
+
+
+OUTPUTS: tuple[Output, ...] = (
+    Output(
+        "label",
+        "predicted class index",
+        Tensor("INT64", _scalar, _as("label", "INT64")),
+        Field(int, _column("label")),
+    ),
+    Output("class_name", "predicted class name", field=Field(str, _class_names)),
+    Output(
+        "probability",
+        "projected probability of the fused opinion (belief plus a share of uncertainty)",
+        Tensor("FP32", _classes, _as("probability", "FP32")),
+        Field(list[float], _column("probability")),
+    ),
+    Output(
+        "belief",
+        "fused belief masses; with uncertainty they sum to 1",
+        Tensor("FP32", _classes, _as("belief", "FP32")),
+        Field(list[float], _column("belief")),
+    ),
+    Output(
+        "uncertainty",
+        "fused uncertainty mass: too little evidence, or views that disagree",
+        Tensor("FP32", _scalar, _as("uncertainty", "FP32")),
+        Field(float, _column("uncertainty")),
+    ),
+    Output(
+        "conflict",
+        "degree of conflict between views (0 agree .. 1 confident and opposite); v1: null rows and columns "
+        "for views not sent, v2: 0 there",
+        Tensor("FP32", lambda k, v: (v, v), _as("conflict", "FP32")),
+        Field(list[list[float | None] | None], _present_conflict),
+    ),
+    Output(
+        "discount",
+        "how far DBF trusted each view (1 fully, near 0 its belief became uncertainty); v1: views sent "
+        "only, v2: 1 where a view is missing",
+        Tensor("FP32", _views, _as("discount", "FP32")),
+        Field(dict[str, float], _present_discount),
+    ),
+    Output(
+        "high_conflict",
+        "the calibrated flag (raised on the manifest's target share of clean samples)",
+        Tensor("BOOL", _scalar, _as("high_conflict", "BOOL")),
+        Field(bool, _column("high_conflict")),
+    ),
+    Output(
+        "blamed_view",
+        "where flagged, the view in most conflict with the others (v1: its name, v2: its index), "
+        "else null (v2: -1)",
+        Tensor("INT64", _scalar, _blamed),
+        Field(str | None, _blamed_name),
+    ),
+    Output(
+        "views",
+        "each view sent: its own belief and uncertainty before fusion",
+        field=Field(dict[str, ViewOpinion], _view_opinions),
+    ),
+    Output(
+        "view_belief",
+        "each view's own belief before fusion (0 where a view is missing)",
+        Tensor("FP32", lambda k, v: (v, k), _as("view_belief", "FP32")),
+    ),
+    Output(
+        "view_uncertainty",
+        "each view's own uncertainty before fusion (1 where a view is missing)",
+        Tensor("FP32", _views, _as("view_uncertainty", "FP32")),
+    ),
+)
+
+TENSORS: dict[str, Output] = {output.name: output for output in OUTPUTS if output.tensor is not None}
+FIELDS: tuple[Output, ...] = tuple(output for output in OUTPUTS if output.field is not None)

@@ -1,0 +1,283 @@
+"""The protocols' codecs over the core, in process: what each decodes a body into, how it answers, and how it
+words a place in a request. The output registry is what v1 fields, v2 tensors, v2 metadata, the OpenAPI
+schema and the client all read."""
+
+from __future__ import annotations
+
+import json
+import zlib
+
+import msgspec
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from service import schemas, v1, v2
+from service.api.body import content_length, decompress
+from service.errors import InvalidInput, PayloadTooLarge, ServiceError
+from service.inference import InferenceRequest, ModelSignature, Result, ViewSpec
+from service.outputs import FIELDS, OUTPUTS, TENSORS
+
+SIGNATURE = ModelSignature(
+    name="toy",
+    version="3",
+    views=(ViewSpec("a", 2), ViewSpec("b", 3)),
+    classes=("x", "y", "z"),
+    method="dbf",
+    lam=1.0,
+    methods=("bcf", "cbf", "baf", "gbaf", "dbf"),
+)
+
+
+def result(n: int = 2, present: list[list[bool]] | None = None) -> Result:
+    rng = np.random.default_rng(n)
+    mask = np.array(present if present is not None else [[True, True]] * n)
+    flagged = np.arange(n) % 2 == 0
+    return Result(
+        present=mask,
+        label=np.arange(n) % 3,
+        probability=rng.random((n, 3), dtype=np.float32),
+        belief=rng.random((n, 3), dtype=np.float32),
+        uncertainty=rng.random(n, dtype=np.float32),
+        conflict=rng.random((n, 2, 2), dtype=np.float32),
+        discount=rng.random((n, 2), dtype=np.float32),
+        high_conflict=flagged,
+        blamed_view=np.ones(n, dtype=np.int64),
+        view_belief=rng.random((n, 2, 3), dtype=np.float32),
+        view_uncertainty=rng.random((n, 2), dtype=np.float32),
+        method="dbf",
+        lam=1.0,
+    )
+
+
+def v2_body(inputs: list[dict], **extra) -> bytes:
+    return json.dumps({"inputs": inputs, **extra}).encode()
+
+
+A = {"name": "a", "datatype": "FP32", "shape": [1, 2], "data": [0.5, 0.25]}
+
+
+# --- the output registry -------------------------------------------------------------------------------
+
+
+def test_every_output_is_a_field_or_a_tensor_with_a_shape_per_sample():
+    assert [o.name for o in OUTPUTS] == list(dict.fromkeys(o.name for o in OUTPUTS))  # distinct
+    out = result(4)
+    for output in OUTPUTS:
+        assert output.field is not None or output.tensor is not None, output.name
+        if output.tensor is not None:
+            array = output.tensor.take(out)
+            assert array.shape == (4, *output.tensor.shape(3, 2)), output.name
+            assert (
+                array.dtype
+                == {"FP32": np.float32, "INT64": np.int64, "BOOL": np.bool_}[output.tensor.datatype]
+            )
+        if output.field is not None:
+            assert len(output.field.column(out, SIGNATURE)) == 4
+
+
+def test_v1_answers_decode_into_the_generated_types():
+    """What v1 encodes, the client's wire type decodes field by field (the registry defines both)."""
+    out = result(3, present=[[True, True], [True, False], [False, True]])
+    body, headers = v1.encode(SIGNATURE, out)
+    assert headers["content-type"] == "application/json"
+    decoded = msgspec.json.decode(body, type=schemas.PredictResponse)
+    assert (decoded.model, decoded.method, decoded.lam, decoded.views) == ("toy", "dbf", 1.0, ["a", "b"])
+    second = decoded.predictions[1]
+    assert [f.name for f in msgspec.structs.fields(schemas.Prediction)] == [o.name for o in FIELDS]
+    assert second.conflict == [[pytest.approx(float(out.conflict[1, 0, 0])), None], None]
+    assert set(second.discount) == {"a"} and set(second.views) == {"a"}
+    assert decoded.predictions[0].blamed_view == "b" and second.blamed_view is None  # flagged: even rows
+    assert decoded.predictions[0].class_name == "x"
+
+
+def test_v2_metadata_lists_every_tensor_with_its_shape():
+    meta = v2.metadata(SIGNATURE)
+    assert meta["versions"] == ["3"]
+    assert [t["name"] for t in meta["outputs"]] == list(TENSORS)
+    shapes = {t["name"]: t["shape"] for t in meta["outputs"]}
+    assert shapes["conflict"] == [-1, 2, 2] and shapes["probability"] == [-1, 3] and shapes["label"] == [-1]
+    assert shapes["view_belief"] == [-1, 2, 3]
+    msgspec.convert(meta, schemas.ModelMetadata)  # the documented type
+
+
+# --- v2 decoding ---------------------------------------------------------------------------------------
+
+
+def test_v2_ignores_fields_and_parameters_that_are_not_ours():
+    body = v2_body(
+        [{**A, "parameters": {"shared_memory_region": "x"}, "extra": 1}],
+        model_name="toy",
+        model_version="3",
+        id="r1",
+        parameters={"sequence_id": 4, "priority": 1, "timeout": 5, "lambda": 2},
+        outputs=[{"name": "label", "parameters": {"custom": True}, "other": None}],
+    )
+    request, context = v2.decode(body, {}, SIGNATURE, max_samples=8)
+    assert request.lam == 2.0 and request.method == "dbf" and request.present.tolist() == [[True, False]]
+    assert context.id == "r1" and context.outputs == ("label",)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"parameters": {"lambda": 10**309}}, "parameters.lambda must be a positive finite number"),
+        ({"parameters": {"lambda": True}}, "parameters.lambda must be a positive finite number"),
+        ({"parameters": {"method": 7}}, "parameters.method: unknown method 7"),
+        ({"parameters": {"binary_data_output": "yes"}}, "binary_data_output must be true or false"),
+        (
+            {"outputs": [{"name": "label", "parameters": {"binary_data": 1}}]},
+            "binary_data must be true or false",
+        ),
+        ({"outputs": [{"name": "label", "parameters": {"classification": 2}}]}, "classification extension"),
+        ({"outputs": [{"name": "label"}, {"name": "label"}]}, "outputs[1] (label): asked for twice"),
+        ({"id": 7}, "not an inference request"),
+        ({"parameters": {"x": json.loads("[" * 200 + "]" * 200)}}, None),  # deep, but within msgspec's limit
+    ],
+)
+def test_v2_refuses_what_is_ours_and_wrong(extra, message):
+    body = v2_body([A], **extra)
+    if message is None:
+        v2.decode(body, {}, SIGNATURE, max_samples=8)
+        return
+    with pytest.raises(InvalidInput) as refused:
+        v2.decode(body, {}, SIGNATURE, max_samples=8)
+    assert message in refused.value.message
+
+
+def test_v2_deep_nesting_anywhere_is_a_400():
+    for deep in (
+        b'{"inputs": [], "parameters": {"x": ' + b"[" * 5000 + b"]" * 5000 + b"}}",
+        b'{"inputs": [{"name": "a", "datatype": "FP32", "shape": [1, 2], "data": '
+        + b"[" * 5000
+        + b"]" * 5000
+        + b"}]}",
+    ):
+        with pytest.raises(InvalidInput):
+            v2.decode(deep, {}, SIGNATURE, max_samples=8)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [[0.5, 0.25], [[0.5, 0.25]], [1, 0]],
+)
+def test_v2_json_data_flat_or_nested(data):
+    request, _ = v2.decode(v2_body([{**A, "data": data}]), {}, SIGNATURE, max_samples=8)
+    assert request.features["a"].tolist() == [np.asarray(data, np.float32).ravel().tolist()]
+    assert request.features["a"].dtype == np.float32 and request.features["a"].flags.c_contiguous
+
+
+@given(
+    binary_request=st.booleans(),
+    default=st.sampled_from([None, True, False]),
+    asked=st.lists(st.sampled_from([None, True, False]), min_size=0, max_size=3),
+)
+def test_v2_binary_outputs_follow_output_then_request_then_body(binary_request, default, asked):
+    """An output is binary if it asks; else as the request's binary_data_output says; else exactly when the
+    request was binary."""
+    names = list(TENSORS)[: len(asked)]
+    outputs = [
+        {"name": n, **({"parameters": {"binary_data": b}} if b is not None else {})}
+        for n, b in zip(names, asked, strict=True)
+    ]
+    parameters = {"binary_data_output": default} if default is not None else {}
+    header = json.dumps(
+        {"inputs": [{**A, "data": [0.5, 0.25]}], "parameters": parameters, "outputs": outputs or None}
+    )
+    headers = {v2.HEADER_LENGTH: str(len(header))} if binary_request else {}
+    _, context = v2.decode(header.encode(), headers, SIGNATURE, max_samples=8)
+    fallback = binary_request if default is None else default
+    if not outputs:
+        assert context.outputs == tuple(TENSORS) and context.binary == (set(TENSORS) if fallback else set())
+    else:
+        assert context.binary == {
+            n for n, b in zip(names, asked, strict=True) if (fallback if b is None else b)
+        }
+
+
+def outcome(call, *args):
+    """``(value, None)``, or ``(None, the service error)`` it raised."""
+    try:
+        return call(*args), None
+    except ServiceError as error:
+        return None, error
+
+
+@given(text=st.text(max_size=30) | st.from_regex(r"[0-9]{19,6000}", fullmatch=True))
+def test_header_lengths_are_parsed_defensively(text):
+    """Any header value: a length within the body, or a clear 400, never another exception."""
+    length, error = outcome(v2.header_length, text, 100)
+    if error is None:
+        assert length is not None and 0 <= length <= 100 and text.isdigit()
+    else:
+        assert isinstance(error, InvalidInput) and "does not fit a 100-byte body" in error.message
+        assert len(error.message) < 200
+
+
+@given(text=st.text(max_size=30) | st.from_regex(r" ?0*[0-9]{1,6000} ?", fullmatch=True))
+def test_content_lengths_are_parsed_defensively(text):
+    length, error = outcome(content_length, text, 1000)
+    if error is None:
+        assert length is not None and 0 <= length <= 1000
+    elif isinstance(error, PayloadTooLarge):
+        assert "DBF_MAX_BODY_BYTES" in error.message and len(error.message) < 200
+    else:
+        assert isinstance(error, InvalidInput) and "is not a number of bytes" in error.message
+        assert len(error.message) < 200
+
+
+# --- compressed bodies ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("encoding", "compress"),
+    [
+        ("gzip", lambda b: zlib.compress(b, wbits=31)),
+        ("deflate", zlib.compress),
+        ("deflate", lambda b: zlib.compress(b, wbits=-15)),
+    ],
+)
+def test_compressed_bodies_within_the_limit(encoding, compress):
+    body = b'{"inputs": []}' * 10
+    assert decompress(compress(body), encoding, 1000) == body
+    with pytest.raises(PayloadTooLarge, match="once decompressed"):
+        decompress(compress(body), encoding, 100)
+    with pytest.raises(InvalidInput):
+        decompress(compress(body)[:-6], encoding, 1000)
+    with pytest.raises(InvalidInput):
+        decompress(b"not compressed at all", encoding, 1000)
+
+
+def test_a_compression_bomb_is_refused_without_inflating_it():
+    bomb = zlib.compress(bytes(1 << 30), wbits=31)  # 1 GiB of zeros in ~1 MB
+    with pytest.raises(PayloadTooLarge):
+        decompress(bomb, "gzip", 8 << 20)
+
+
+# --- where a core error is ------------------------------------------------------------------------------
+
+
+def test_each_protocol_words_the_place_of_a_core_error():
+    error = InvalidInput("features too large for the model", sample=4, view=1)
+    assert v1.locate(error, SIGNATURE).message == "samples[4].views.b: features too large for the model"
+    _, context = v2.decode(
+        v2_body(
+            [
+                {**A, "shape": [5, 2], "data": [0.5] * 10},
+                {"name": "b", "datatype": "FP32", "shape": [5, 3], "data": [0.5] * 15},
+            ]
+        ),
+        {},
+        SIGNATURE,
+        max_samples=8,
+    )
+    assert v2.locate(error, context).message == "inputs[1] (b): row 4: features too large for the model"
+
+
+def test_requests_concatenate_for_micro_batching():
+    one, _ = v2.decode(v2_body([A]), {}, SIGNATURE, max_samples=8)
+    two, _ = v1.decode(b'{"samples": [{"views": {"b": [1, 2, 3]}}]}', {}, SIGNATURE, max_samples=8)
+    both = InferenceRequest.concat([one, two])
+    assert len(both) == 2 and both.present.tolist() == [[True, False], [False, True]]
+    assert both.features["b"].tolist() == [[0, 0, 0], [1, 2, 3]]

@@ -1,0 +1,101 @@
+"""The core that knows no protocol, in process: which model a request gets, admission (load shedding and the
+body memory budget), and micro-batching that answers each request as if it ran alone."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from service.dataplane import BodyBudget, DataPlane
+from service.errors import InvalidInput, ModelNotFound, NotReady, Overloaded
+from service.inference import InferenceRequest
+from service.repository import load_repository
+from service.settings import Settings
+from tests.service.conftest import MODELS
+
+REPOSITORY = load_repository(Settings(model_dir=MODELS))
+
+
+def plane(**settings: object) -> DataPlane:
+    dataplane = DataPlane(Settings(model_dir=MODELS, **settings))
+    dataplane.repository = REPOSITORY
+    return dataplane
+
+
+def request(
+    n: int, seed: int = 0, *, method: str = "dbf", lam: float = 1.0, scale: float = 1.0
+) -> InferenceRequest:
+    model = REPOSITORY.get("handwritten")
+    rng = np.random.default_rng(seed)
+    features = {v.name: (scale * rng.random((n, v.dim))).astype(np.float32) for v in model.signature.views}
+    present = rng.random((n, len(features))) < 0.8
+    present[:, 0] = True
+    return InferenceRequest(features, present, method, lam)
+
+
+def test_models_by_name_and_version():
+    dataplane = plane()
+    assert dataplane.model(None).name == "handwritten"  # the default
+    assert dataplane.model("cub", "1").name == "cub"
+    with pytest.raises(ModelNotFound, match="no model named 'nope'"):
+        dataplane.model("nope")
+    with pytest.raises(ModelNotFound, match="model 'cub' has no version '2'; it serves version '1'"):
+        dataplane.model("cub", "2")
+    dataplane.repository = None
+    with pytest.raises(NotReady):
+        dataplane.model(None)
+
+
+def test_requests_past_the_in_flight_limit_are_shed_with_retry_after():
+    dataplane = plane(max_in_flight=2, retry_after_seconds=4)
+    model = dataplane.model(None)
+
+    async def three() -> None:
+        async with dataplane.admitted(model), dataplane.admitted(model):
+            with pytest.raises(Overloaded) as shed:
+                async with dataplane.admitted(model):
+                    pass
+            assert shed.value.headers == {"Retry-After": "4"}
+        assert dataplane.in_flight == 0
+        async with dataplane.admitted(model):  # every slot came back
+            pass
+
+    asyncio.run(three())
+
+
+def test_the_body_budget_sheds_past_its_limit_and_gives_back():
+    budget = BodyBudget(100, retry_after=1)
+    budget.reserve(60)
+    with pytest.raises(Overloaded, match="DBF_BODY_MEMORY_BYTES"):
+        budget.reserve(41)
+    budget.reserve(40)
+    budget.release(100)
+    budget.reserve(100)
+    assert budget.used == 100
+
+
+@pytest.mark.parametrize("batching", [True, False])
+def test_each_request_gets_its_own_answer_batched_or_not(batching):
+    """Concurrent requests of different sizes and fusions: each answer equals the request run alone, and a
+    request whose features overflow a head fails alone, its error saying which sample and view."""
+    dataplane = plane(batching=batching, inference_threads=1)
+    model = dataplane.model(None)
+    requests = [request(n, seed=n) for n in (1, 3, 1, 2)] + [request(2, seed=9, method="gbaf", lam=2.0)]
+    poisoned = request(3, seed=5, scale=3e38)
+
+    async def together():
+        return await asyncio.gather(
+            *(dataplane.infer(model, r) for r in [*requests, poisoned]), return_exceptions=True
+        )
+
+    answers = asyncio.run(together())
+    for alone, got in zip(requests, answers, strict=False):
+        expected = asyncio.run(plane(batching=False).infer(model, alone))
+        assert got.label.tolist() == expected.label.tolist() and got.method == alone.method
+        np.testing.assert_allclose(got.probability, expected.probability, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(got.conflict, expected.conflict, rtol=1e-5, atol=1e-7)
+        assert got.present.tolist() == alone.present.tolist()
+    error = answers[-1]
+    assert isinstance(error, InvalidInput) and error.sample == 0 and error.view is not None

@@ -1,0 +1,94 @@
+"""Black-box, as its own process: the service starts only on verified models that load (with the GPU it was
+told to need), with one process or several, and names the file at fault when it refuses."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import httpx
+import pytest
+
+from tests.service.conftest import MODELS, running_service, start_and_fail
+from tests.service.test_service import metric, post, zeros_sample
+
+
+def test_no_models_means_no_start(tmp_path):
+    done = start_and_fail("--model-dir", str(tmp_path))
+    assert done.returncode != 0
+    assert "no manifest.json" in done.stdout + done.stderr
+
+
+def test_require_gpu_refuses_to_start_on_cpu():
+    done = start_and_fail("--model-dir", str(MODELS / "cub"), env={"DBF_REQUIRE_GPU": "true"})
+    assert done.returncode != 0  # this machine has no GPU (and the device machine never runs CI)
+    assert "DBF_REQUIRE_GPU is set but CUDA cannot run the heads" in done.stdout + done.stderr
+
+
+def test_a_tampered_model_stops_the_service_naming_the_file(tmp_path):
+    shutil.copytree(MODELS / "handwritten", tmp_path / "handwritten")
+    head = tmp_path / "handwritten" / "fac.onnx"
+    data = bytearray(head.read_bytes())
+    data[-10] ^= 0xFF
+    head.write_bytes(bytes(data))
+    done = start_and_fail("--model-dir", str(tmp_path))
+    assert done.returncode != 0
+    assert "fac.onnx: checksum mismatch" in done.stdout + done.stderr
+
+
+def test_a_missing_or_invalid_model_stops_the_service(tmp_path):
+    shutil.copytree(MODELS / "pie", tmp_path / "pie")
+    (tmp_path / "pie" / "lbp.onnx").unlink()
+    done = start_and_fail("--model-dir", str(tmp_path / "pie"))  # a single model directory
+    assert done.returncode != 0
+    assert "lbp.onnx: cannot read model file" in done.stdout + done.stderr
+    manifest = json.loads((MODELS / "pie" / "manifest.json").read_text())
+    manifest["views"][0]["dim"] = -1
+    shutil.copy(MODELS / "pie" / "lbp.onnx", tmp_path / "pie" / "lbp.onnx")
+    (tmp_path / "pie" / "manifest.json").write_text(json.dumps(manifest))
+    done = start_and_fail("--model-dir", str(tmp_path / "pie"))
+    assert done.returncode != 0
+    assert "manifest.json: invalid manifest" in done.stdout + done.stderr
+
+
+def test_a_single_model_directory_is_served(tmp_path):
+    with running_service("--model-dir", str(MODELS / "cub")) as base:
+        assert httpx.get(base + "/ready").json()["models"] == ["cub"]
+        assert post(base, {"samples": [zeros_sample(image=1024, text=300)]}).json()["model"] == "cub"
+
+
+def test_metrics_add_up_across_worker_processes():
+    with running_service("--model-dir", str(MODELS / "cub"), "--workers", "2") as base:
+        for _ in range(12):  # a new connection each time: both workers serve some
+            assert (
+                httpx.post(base + "/predict", json={"samples": [zeros_sample(text=300)] * 2}).status_code
+                == 200
+            )
+        assert metric(base, "dbf_predictions_total", model="cub", method="dbf") == 24
+        assert metric(base, "dbf_model_info", model="cub", view="text", provider="CPUExecutionProvider") == 1
+
+
+def test_a_tampered_model_stops_every_worker_count(tmp_path):
+    shutil.copytree(MODELS / "cub", tmp_path / "cub")
+    head = tmp_path / "cub" / "text.onnx"
+    head.write_bytes(head.read_bytes()[:-1] + b"\0")
+    done = start_and_fail("--model-dir", str(tmp_path / "cub"), "--workers", "2")
+    assert done.returncode != 0
+    assert "text.onnx: checksum mismatch" in done.stderr
+
+
+def test_a_head_with_the_wrong_signature_is_refused(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    shutil.copytree(MODELS / "cub", tmp_path / "cub")
+    graph = onnx.load(str(tmp_path / "cub" / "text.onnx"))
+    graph.graph.input[0].name = "x"
+    for node in graph.graph.node:
+        node.input[:] = ["x" if name == "features" else name for name in node.input]
+    content = graph.SerializeToString()
+    (tmp_path / "cub" / "text.onnx").write_bytes(content)
+    manifest = json.loads((tmp_path / "cub" / "manifest.json").read_text())
+    manifest["views"][1]["sha256"] = __import__("hashlib").sha256(content).hexdigest()
+    (tmp_path / "cub" / "manifest.json").write_text(json.dumps(manifest))
+    done = start_and_fail("--model-dir", str(tmp_path / "cub"))
+    assert done.returncode != 0
+    assert "text.onnx: takes ['x']" in done.stderr
