@@ -6,8 +6,9 @@ process) and with ``parallel_workers`` 0 (inference in the server process, as db
     python -m benchmarks.peers [--seconds 8] [--repeat 3] [--cases v2-json256,v2-json1] [--venv DIR]
 
 MLServer and dbf-serve pin different FastAPI releases, so MLServer gets its own virtual environment
-(``--venv``, made on first use: ``pip install mlserver==1.7.1 onnxruntime numpy array-api-compat``). Prints
-throughput, p50/p99 latency and the ratio dbf-serve / MLServer; asserts nothing. Needs ``wrk``.
+(``--venv``, made on first use: ``pip install mlserver==1.7.1 'uvloop<0.22' onnxruntime numpy
+array-api-compat``). Prints throughput, p50/p99 latency and the ratio dbf-serve / MLServer; asserts
+nothing. Needs ``wrk``.
 """
 
 from __future__ import annotations
@@ -83,7 +84,9 @@ def _mlserver_environment(venv: Path) -> Path:
     if not command.exists():
         print(f"# installing {MLSERVER} into {venv}", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        packages = [MLSERVER, "onnxruntime", "numpy", "array-api-compat"]
+        # uvloop < 0.22: MLServer 1.7's inference workers call asyncio.get_event_loop(), which later uvloop
+        # releases refuse outside a running loop (every worker then dies at start).
+        packages = [MLSERVER, "uvloop<0.22", "onnxruntime", "numpy", "array-api-compat"]
         subprocess.run(
             [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", *packages], check=True
         )
