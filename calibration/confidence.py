@@ -188,11 +188,12 @@ class IsotonicBinning:
             raise ValueError("values must lie in [0, 1] and thresholds must be finite")
         object.__setattr__(self, "thresholds", tuple(float(t) for t in x))
         object.__setattr__(self, "values", tuple(float(v) for v in y))
+        object.__setattr__(self, "_knots", (x, y))  # as arrays: np.interp would convert the tuples per call
 
     def confidence(self, belief: npt.ArrayLike, uncertainty: npt.ArrayLike, /) -> np.ndarray:
         """Calibrated probability (...,) that the label is right, from belief (..., K), uncertainty (...)."""
         score = top_probability(belief, uncertainty, temperature=self.temperature)
-        return np.interp(score, self.thresholds, self.values)
+        return np.interp(score, *self._knots)
 
     def parameters(self) -> dict[str, object]:
         """``{"kind": "isotonic", "temperature": T, "thresholds": [...], "values": [...]}``."""

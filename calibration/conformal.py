@@ -125,12 +125,14 @@ class NonconformityScore:
         if self.kind == "lac":
             return 1.0 - p
         order = np.argsort(-p, axis=1, kind="stable")  # most probable first, ties by class index
-        cumulative = np.cumsum(np.take_along_axis(p, order, axis=1), axis=1)
-        rank = np.empty_like(order)
-        np.put_along_axis(rank, order, np.arange(p.shape[1])[None, :], axis=1)  # 0-based rank of each class
-        scores = np.take_along_axis(cumulative, rank, axis=1)
+        rows = np.arange(p.shape[0])[:, None]
+        by_rank = np.cumsum(p[rows, order], axis=1)  # the APS score of the class at each rank
         if self.kind == "raps":
-            scores += self.penalty * np.maximum(0, rank + 1 - self.free_rank)
+            by_rank += self.penalty * np.maximum(
+                0, np.arange(1 - self.free_rank, p.shape[1] + 1 - self.free_rank)
+            )
+        scores = np.empty_like(by_rank)
+        scores[rows, order] = by_rank  # back to class order
         return scores
 
     def label_scores(self, probability: npt.ArrayLike, labels: npt.ArrayLike, /) -> np.ndarray:
