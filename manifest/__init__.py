@@ -8,13 +8,16 @@ equal).
 
 from __future__ import annotations
 
-from typing import Literal
+from itertools import pairwise
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fusion import Method
 
-SCHEMA_VERSION = 1
+# 2 added `calibration`. Version 1 manifests (no calibration section) still load, so that models exported
+# before it keep serving, without `confidence` or `prediction_set`; a version 2 manifest must have it.
+SCHEMA_VERSION = 2
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
@@ -71,10 +74,122 @@ class Metrics(_Strict):
     acc_all_samples: float = Field(ge=0, le=1, description="accuracy over every sample of the dataset")
 
 
+class TemperatureCalibration(_Strict):
+    """``confidence`` = the projected probability of the label with the fused evidence divided by ``T``.
+
+    ``(b_k + u T / K) / (1 - u + u T)`` at the label; see ``calibration.scaled_probability``.
+    """
+
+    kind: Literal["temperature"]
+    temperature: float = Field(gt=0, allow_inf_nan=False)
+
+
+class IsotonicCalibration(_Strict):
+    """``confidence`` = piecewise-linear interpolation of ``values`` at ``thresholds`` (constant beyond them)
+    of the temperature-scaled top-class probability; see ``calibration.IsotonicBinning``."""
+
+    kind: Literal["isotonic"]
+    temperature: float = Field(gt=0, allow_inf_nan=False, description="scales the input score")
+    thresholds: list[float] = Field(min_length=1, description="knot positions, strictly increasing")
+    values: list[float] = Field(
+        min_length=1, description="confidence at each knot, non-decreasing, in [0, 1]"
+    )
+
+    @model_validator(mode="after")
+    def _monotone(self) -> IsotonicCalibration:
+        x, y = self.thresholds, self.values
+        if len(x) != len(y):
+            raise ValueError(f"thresholds ({len(x)}) and values ({len(y)}) must have the same length")
+        if any(b <= a for a, b in pairwise(x)) or any(b < a for a, b in pairwise(y)):
+            raise ValueError("thresholds must increase strictly and values must not decrease")
+        if not all(0 <= v <= 1 for v in y):
+            raise ValueError("values must lie in [0, 1]")
+        return self
+
+
+ConfidenceCalibration = Annotated[TemperatureCalibration | IsotonicCalibration, Field(discriminator="kind")]
+
+
+class ConformalScore(_Strict):
+    """The nonconformity score of the prediction sets (``calibration.NonconformityScore``)."""
+
+    kind: Literal["lac", "aps", "raps"]
+    penalty: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="RAPS's lambda; 0 otherwise")
+    free_rank: int = Field(default=0, ge=0, description="RAPS's k_reg; 0 otherwise")
+
+    @model_validator(mode="after")
+    def _regularised_only_for_raps(self) -> ConformalScore:
+        if self.kind != "raps" and (self.penalty, self.free_rank) != (0, 0):
+            raise ValueError(f"a {self.kind} score takes no penalty or free_rank")
+        return self
+
+
+class ConformalSets(_Strict):
+    """Split conformal prediction sets over the projected probability, for any coverage up to n / (n + 1)."""
+
+    score: ConformalScore
+    calibration_scores: list[float] = Field(
+        min_length=1, description="the validation samples' scores of their true classes, ascending"
+    )
+    default_coverage: float = Field(gt=0, lt=1, description="the coverage of a request that names none")
+
+    @model_validator(mode="after")
+    def _sorted_and_supported(self) -> ConformalSets:
+        scores = self.calibration_scores
+        if any(b < a for a, b in pairwise(scores)):
+            raise ValueError("calibration_scores must be sorted ascending")
+        n = len(scores)
+        if self.default_coverage > n / (n + 1):
+            raise ValueError(
+                f"default_coverage {self.default_coverage} needs more than the {n} calibration scores "
+                f"(at most n / (n + 1) = {n / (n + 1):.6g})"
+            )
+        return self
+
+
+class CalibrationSelection(_Strict):
+    """The cross-validated evidence the calibrators were chosen by (lower is better in both)."""
+
+    confidence_brier: dict[str, float] = Field(
+        description="Brier score of each confidence calibrator, and of the projected probability"
+    )
+    mean_candidates: dict[str, float] = Field(
+        description="each candidate score's mean number of classes its sets leave to choose from (an empty "
+        "set leaves all K), at the default coverage"
+    )
+
+
+class CalibrationFigures(_Strict):
+    """How the calibration does on one split, prediction sets at the default coverage."""
+
+    samples: int = Field(ge=1)
+    ece_projected: float = Field(ge=0, le=1, description="ECE of the projected probability's top class")
+    ece_confidence: float = Field(ge=0, le=1, description="ECE of `confidence`")
+    coverage: float = Field(ge=0, le=1, description="share of clean samples whose set holds the true class")
+    mean_set_size: float = Field(ge=0)
+    conflictive_coverage: float | None = Field(default=None, ge=0, le=1)
+    conflictive_mean_set_size: float | None = Field(default=None, ge=0)
+
+
+class Calibration(_Strict):
+    """``confidence`` and ``prediction_set``: fitted on the clean validation split (``calibration`` package).
+
+    Validation figures are cross-validated (each sample scored by a fit that did not see it).
+    """
+
+    confidence: ConfidenceCalibration
+    conformal: ConformalSets
+    selection: CalibrationSelection
+    validation: CalibrationFigures
+    test: CalibrationFigures | None = None
+
+
 class Manifest(_Strict):
     """``manifest.json``: everything the service needs to load, check and explain one model."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[1, 2] = Field(
+        default=SCHEMA_VERSION, description="2 with a calibration section, 1 without (older models)"
+    )
     name: str = Field(pattern=_NAME)
     version: str = Field(
         default="1",
@@ -89,6 +204,26 @@ class Manifest(_Strict):
     metrics: Metrics
     training: dict[str, object] = Field(description="how the heads were trained (settings, seed, epochs)")
     provenance: dict[str, str] = Field(description="versions of the code and libraries that made it")
+    calibration: Calibration | None = Field(
+        default=None, description="calibrated confidence and conformal sets; required from schema version 2"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _version_from_content(cls, data: Any) -> Any:
+        # A manifest built without naming its version is version 2 if it has a calibration section, else 1.
+        if isinstance(data, dict) and "schema_version" not in data:
+            data = {**data, "schema_version": 2 if data.get("calibration") is not None else 1}
+        return data
+
+    @model_validator(mode="after")
+    def _calibration_matches_version(self) -> Manifest:
+        if (self.schema_version >= 2) != (self.calibration is not None):
+            raise ValueError(
+                "schema_version 2 requires a calibration section and version 1 has none; got version "
+                f"{self.schema_version} {'with' if self.calibration is not None else 'without'} one"
+            )
+        return self
 
     @field_validator("views")
     @classmethod
@@ -109,7 +244,10 @@ class Manifest(_Strict):
         """The canonical file text: sorted keys, two-space indent, a final newline (stable bytes)."""
         import json
 
-        return json.dumps(self.model_dump(mode="json", by_alias=True), indent=2, sort_keys=True) + "\n"
+        # A version 1 manifest is written without the keys version 2 added, byte for byte as before.
+        absent = {"calibration", "version"} if self.schema_version == 1 else None
+        content = self.model_dump(mode="json", by_alias=True, exclude=absent)
+        return json.dumps(content, indent=2, sort_keys=True) + "\n"
 
 
 def json_schema_text() -> str:
@@ -122,11 +260,19 @@ def json_schema_text() -> str:
 
 __all__ = [
     "SCHEMA_VERSION",
+    "Calibration",
+    "CalibrationFigures",
+    "CalibrationSelection",
+    "ConfidenceCalibration",
     "ConflictFlag",
+    "ConformalScore",
+    "ConformalSets",
     "FlagRates",
     "FusionDefaults",
+    "IsotonicCalibration",
     "Manifest",
     "Metrics",
+    "TemperatureCalibration",
     "ViewEntry",
     "json_schema_text",
 ]

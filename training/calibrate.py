@@ -1,0 +1,325 @@
+"""Fit a model's calibration on its validation split, and measure it for the reports.
+
+:func:`fit_calibration` turns DBF's fused output on the clean validation split into the manifest's
+``calibration`` section (the ``calibration`` package does the fitting); :func:`evaluate_calibration`
+measures one on any split, clean and conflictive: ECE and reliability diagrams before and after, and
+coverage and set sizes at several requested levels. No torch: fused outputs in, numbers out.
+
+Examples
+--------
+>>> rng = np.random.default_rng(0)
+>>> def split(n):
+...     uncertainty = rng.uniform(0.2, 0.9, size=n)
+...     belief = rng.dirichlet(np.full(4, 0.3), size=n) * (1 - uncertainty)[:, None]
+...     truth = scaled_probability(belief, uncertainty, temperature=0.2)  # under-confident opinions
+...     labels = (rng.random(n)[:, None] > truth.cumsum(axis=1)).sum(axis=1)
+...     return FusedSplit(Opinion(belief, uncertainty), labels)
+>>> section = fit_calibration(split(300), default_coverage=0.9)
+>>> section.confidence.kind, section.conformal.score.kind, len(section.conformal.calibration_scores)
+('temperature', 'lac', 300)
+>>> report = evaluate_calibration(section, split(2000), coverages=(0.8, 0.9))
+>>> report.ece_confidence < 0.05 < report.ece_projected
+True
+>>> all(abs(report.clean[level].coverage - level) < 0.06 for level in (0.8, 0.9))  # coverage ~ level
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from calibration import (
+    CoverageError,
+    ModelCalibration,
+    ReliabilityDiagram,
+    calibration_scores,
+    choose_score,
+    conformal_rank,
+    expected_calibration_error,
+    fit_confidence,
+    reliability_diagram,
+    scaled_probability,
+    top_probability,
+)
+from fusion import Opinion
+from manifest import (
+    Calibration,
+    CalibrationFigures,
+    CalibrationSelection,
+    ConformalScore,
+    ConformalSets,
+)
+
+DEFAULT_COVERAGE = 0.9
+REPORT_COVERAGES = (0.8, 0.85, 0.9, 0.95)
+
+
+@dataclass(frozen=True, eq=False)
+class FusedSplit:
+    """DBF's fused output on one split.
+
+    Parameters
+    ----------
+    clean : fusion.Opinion
+        Fused belief (N, K) and uncertainty (N,) of the split's samples.
+    labels : ndarray of int, shape (N,)
+        Their true classes.
+    conflictive : fusion.Opinion, optional
+        The fused output of their conflictive copies (same order and labels), when there are any.
+    """
+
+    clean: Opinion
+    labels: np.ndarray
+    conflictive: Opinion | None = None
+
+
+@dataclass(frozen=True)
+class SetFigures:
+    """Prediction sets at one coverage on one set of samples."""
+
+    coverage: float
+    """Share of samples whose set holds the true class."""
+    mean_set_size: float
+    empty: float
+    """Share of empty sets (LAC: no class is plausible enough)."""
+    singleton: float
+    """Share of sets of exactly one class."""
+
+
+@dataclass(frozen=True, eq=False)
+class CalibrationReport:
+    """What :func:`evaluate_calibration` measured on one split.
+
+    ``clean`` and ``conflictive`` map each requested coverage to its :class:`SetFigures`; levels the
+    calibration set is too small for are left out and listed in ``refused``.
+    """
+
+    samples: int
+    accuracy: float
+    ece_projected: float
+    ece_confidence: float
+    reliability_projected: ReliabilityDiagram
+    reliability_confidence: ReliabilityDiagram
+    clean: dict[float, SetFigures]
+    conflictive: dict[float, SetFigures] | None = None
+    conflictive_accuracy: float | None = None
+    conflictive_ece_confidence: float | None = None
+    refused: list[float] = field(default_factory=list)
+
+    def figures(self, coverage: float) -> CalibrationFigures:
+        """The manifest's figures at ``coverage`` (one of the evaluated levels)."""
+        clean = self.clean[coverage]
+        conflictive = self.conflictive[coverage] if self.conflictive is not None else None
+        return CalibrationFigures(
+            samples=self.samples,
+            ece_projected=self.ece_projected,
+            ece_confidence=self.ece_confidence,
+            coverage=clean.coverage,
+            mean_set_size=clean.mean_set_size,
+            conflictive_coverage=conflictive.coverage if conflictive else None,
+            conflictive_mean_set_size=conflictive.mean_set_size if conflictive else None,
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready: the reliability diagrams as lists (NaN, in empty bins, as None), levels as strings."""
+
+        def diagram(d: ReliabilityDiagram) -> dict[str, list]:
+            return {
+                "edges": d.edges.tolist(),
+                "count": d.count.tolist(),
+                "mean_confidence": [None if np.isnan(v) else float(v) for v in d.mean_confidence],
+                "accuracy": [None if np.isnan(v) else float(v) for v in d.accuracy],
+            }
+
+        def sets(by_level: dict[float, SetFigures] | None) -> dict[str, dict] | None:
+            return None if by_level is None else {f"{c:g}": asdict(f) for c, f in by_level.items()}
+
+        return {
+            "samples": self.samples,
+            "accuracy": self.accuracy,
+            "ece_projected": self.ece_projected,
+            "ece_confidence": self.ece_confidence,
+            "reliability_projected": diagram(self.reliability_projected),
+            "reliability_confidence": diagram(self.reliability_confidence),
+            "clean": sets(self.clean),
+            "conflictive": sets(self.conflictive),
+            "conflictive_accuracy": self.conflictive_accuracy,
+            "conflictive_ece_confidence": self.conflictive_ece_confidence,
+            "refused": list(self.refused),
+        }
+
+
+def fit_calibration(
+    validation: FusedSplit,
+    *,
+    default_coverage: float = DEFAULT_COVERAGE,
+    test: FusedSplit | None = None,
+    folds: int = 5,
+    seed: int = 0,
+) -> Calibration:
+    """The manifest's ``calibration`` section, fitted on the clean validation split.
+
+    The confidence calibrator is whichever of temperature scaling and isotonic binning has the lower
+    cross-validated Brier score; the conformal score is whichever of LAC, APS and RAPS gives the smallest
+    cross-validated mean set size at ``default_coverage``; the sorted scores of all validation samples are
+    kept, so a request may ask for any coverage up to ``n / (n + 1)``. Only clean samples calibrate: the
+    coverage guarantee is for samples like them. ``validation.conflictive`` and ``test`` only add figures.
+
+    Parameters
+    ----------
+    validation : FusedSplit
+        DBF's fused output on the validation split, with labels.
+    default_coverage : float
+        The coverage of a request that names none; also the level candidate scores are compared at.
+    test : FusedSplit, optional
+        Held-out data for the section's ``test`` figures.
+    folds, seed : int
+        The cross-validation the choices are made on.
+    """
+    b, u, y = _arrays(validation)
+    confidence = fit_confidence(b, u, y, folds=folds, seed=seed)
+    probability = scaled_probability(b, u, temperature=1.0)  # DBF's projected probability, b + u / K
+    choice = choose_score(probability, y, coverage=default_coverage, folds=folds, seed=seed)
+    calibrated = ModelCalibration(
+        confidence_calibrator=confidence.calibrator,
+        score=choice.score,
+        calibration_scores=calibration_scores(probability, y, score=choice.score),
+        default_coverage=default_coverage,
+    )
+    in_sample = evaluate_calibration(calibrated, validation, coverages=(default_coverage,))
+    # Cross-validated where the fit saw the data: each sample's confidence and set come from a fit without it.
+    validation_figures = in_sample.figures(default_coverage).model_copy(
+        update={
+            "ece_confidence": expected_calibration_error(confidence.out_of_fold, b.argmax(axis=1) == y),
+            "coverage": choice.coverage[choice.name],
+            "mean_set_size": choice.mean_set_size[choice.name],
+        }
+    )
+    test_figures = None
+    if test is not None:
+        test_report = evaluate_calibration(calibrated, test, coverages=(default_coverage,))
+        test_figures = test_report.figures(default_coverage)
+    score = choice.score
+    return Calibration(
+        confidence=confidence.calibrator.parameters(),
+        conformal=ConformalSets(
+            score=ConformalScore(kind=score.kind, penalty=score.penalty, free_rank=score.free_rank),
+            calibration_scores=calibrated.calibration_scores.tolist(),
+            default_coverage=default_coverage,
+        ),
+        selection=CalibrationSelection(
+            confidence_brier=confidence.brier, mean_candidates=choice.mean_candidates
+        ),
+        validation=validation_figures,
+        test=test_figures,
+    )
+
+
+def model_calibration(section: Calibration) -> ModelCalibration:
+    """The manifest section as the ``calibration`` package applies it."""
+    return ModelCalibration.from_parameters(
+        confidence=section.confidence.model_dump(),
+        score=section.conformal.score.model_dump(),
+        calibration_scores=section.conformal.calibration_scores,
+        default_coverage=section.conformal.default_coverage,
+    )
+
+
+def evaluate_calibration(
+    calibration: Calibration | ModelCalibration,
+    split: FusedSplit,
+    *,
+    coverages: Sequence[float] = REPORT_COVERAGES,
+    bins: int = 15,
+) -> CalibrationReport:
+    """Measure a calibration (a manifest section, or applied) on a split: clean and conflictive samples.
+
+    ECE (``bins`` equal-width bins) and reliability diagrams of the projected probability's top class and of
+    ``confidence`` on the clean samples; for each requested coverage, the empirical coverage, mean set
+    size and shares of empty and one-class sets, clean and conflictive (coverage vs requested level). The
+    conflictive samples keep their true labels; nothing is guaranteed for them, this measures what happens.
+    """
+    calibrated = model_calibration(calibration) if isinstance(calibration, Calibration) else calibration
+    b, u, y = _arrays(split)
+    correct = b.argmax(axis=1) == y
+    confidence = calibrated.confidence(b, u)
+    projected = top_probability(b, u)
+    levels, refused = [], []
+    for level in coverages:
+        try:
+            conformal_rank(calibrated.calibration_scores.size, coverage=level)
+            levels.append(level)
+        except CoverageError:
+            refused.append(level)
+    conflictive = conflictive_accuracy = conflictive_ece = None
+    if split.conflictive is not None:
+        bc, uc = _opinion(split.conflictive, y.size)
+        conflictive_correct = bc.argmax(axis=1) == y
+        conflictive = _set_figures(calibrated, bc, uc, y, levels)
+        conflictive_accuracy = float(conflictive_correct.mean())
+        conflictive_ece = expected_calibration_error(
+            calibrated.confidence(bc, uc), conflictive_correct, bins=bins
+        )
+    return CalibrationReport(
+        samples=y.size,
+        accuracy=float(correct.mean()),
+        ece_projected=expected_calibration_error(projected, correct, bins=bins),
+        ece_confidence=expected_calibration_error(confidence, correct, bins=bins),
+        reliability_projected=reliability_diagram(projected, correct, bins=bins),
+        reliability_confidence=reliability_diagram(confidence, correct, bins=bins),
+        clean=_set_figures(calibrated, b, u, y, levels),
+        conflictive=conflictive,
+        conflictive_accuracy=conflictive_accuracy,
+        conflictive_ece_confidence=conflictive_ece,
+        refused=refused,
+    )
+
+
+def _set_figures(
+    calibrated: ModelCalibration, b: np.ndarray, u: np.ndarray, y: np.ndarray, levels: Sequence[float]
+) -> dict[float, SetFigures]:
+    probability = calibrated.projected_probability(b, u)
+    out = {}
+    for level in levels:
+        members = calibrated.prediction_set(probability, coverage=level)
+        size = members.sum(axis=1)
+        out[level] = SetFigures(
+            coverage=float(members[np.arange(y.size), y].mean()),
+            mean_set_size=float(size.mean()),
+            empty=float(np.mean(size == 0)),
+            singleton=float(np.mean(size == 1)),
+        )
+    return out
+
+
+def _arrays(split: FusedSplit) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    y = np.asarray(split.labels)
+    b, u = _opinion(split.clean, y.shape[0] if y.ndim == 1 else -1)
+    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+        raise ValueError(f"labels must be a vector of integers, got {y.dtype} {y.shape}")
+    return b, u, y.astype(np.int64)
+
+
+def _opinion(opinion: Opinion, n: int) -> tuple[np.ndarray, np.ndarray]:
+    b = np.asarray(opinion.belief, dtype=np.float64)
+    u = np.asarray(opinion.uncertainty, dtype=np.float64)
+    if b.ndim != 2 or u.shape != b.shape[:1] or b.shape[0] != n:
+        raise ValueError(
+            f"expected fused belief ({n}, K) and uncertainty ({n},), got {b.shape} and {u.shape}"
+        )
+    return b, u
+
+
+__all__ = [
+    "DEFAULT_COVERAGE",
+    "REPORT_COVERAGES",
+    "CalibrationReport",
+    "FusedSplit",
+    "SetFigures",
+    "evaluate_calibration",
+    "fit_calibration",
+    "model_calibration",
+]
