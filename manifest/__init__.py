@@ -9,11 +9,14 @@ equal).
 from __future__ import annotations
 
 from itertools import pairwise
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fusion import Method
+
+if TYPE_CHECKING:
+    from calibration import ModelCalibration
 
 # 2 added `calibration`. Version 1 manifests (no calibration section) still load, so that models exported
 # before it keep serving, without `confidence` or `prediction_set`; a version 2 manifest must have it.
@@ -182,6 +185,17 @@ class Calibration(_Strict):
     selection: CalibrationSelection
     validation: CalibrationFigures
     test: CalibrationFigures | None = None
+
+    def applied(self) -> ModelCalibration:
+        """The section as the ``calibration`` package applies it (the service, per request)."""
+        from calibration import ModelCalibration
+
+        return ModelCalibration.from_parameters(
+            confidence=self.confidence.model_dump(),
+            score=self.conformal.score.model_dump(),
+            calibration_scores=self.conformal.calibration_scores,
+            default_coverage=self.conformal.default_coverage,
+        )
 
 
 class Manifest(_Strict):

@@ -1,4 +1,4 @@
-"""Server-side micro-batching: concurrent requests for the same model and fusion run as one batch.
+"""Server-side micro-batching: concurrent requests for the same model, fusion and coverage run as one batch.
 
 Like Triton's dynamic batcher: requests wait in a queue (bounded by the service's in-flight limit), and a
 batch closes when it holds ``max_samples`` samples or its first request has waited ``max_delay`` seconds.
@@ -39,7 +39,7 @@ class MicroBatcher:
 
     async def submit(self, model: LoadedModel, request: InferenceRequest) -> Result:
         future = asyncio.get_running_loop().create_future()
-        key = (model.name, id(model), request.method, request.lam)
+        key = (model.name, id(model), request.method, request.lam, request.coverage)
         queue = self._queues.get(key)
         if queue is None:
             queue = self._queues[key] = []

@@ -14,9 +14,10 @@ from typing import TypeVar
 
 import anyio
 
+from calibration import CoverageError, conformal_rank
 from service import metrics
 from service.batching import MicroBatcher
-from service.errors import ModelNotFound, NotReady, Overloaded
+from service.errors import InvalidInput, ModelNotFound, NotReady, Overloaded
 from service.inference import InferenceRequest, Result
 from service.repository import LoadedModel, Repository
 from service.runtime import predict
@@ -28,7 +29,7 @@ T = TypeVar("T")
 # already, and runs alone (one thread hop, no queue).
 BATCHED_SAMPLE_VIEWS = 256
 # CPU work of a codec runs on the event loop when it is this small (tens of microseconds), else on the
-# inference threads, so that no request stalls the others or /health. Decoding costs in proportion to the
+# codec thread, so that no request stalls the others or /health. Decoding costs in proportion to the
 # body's bytes; encoding to the answer's numbers (samples x numbers per sample), whatever the body's size.
 INLINE_BODY_BYTES = 16 * 1024
 INLINE_ANSWER_VALUES = 4096
@@ -64,6 +65,10 @@ class DataPlane:
         self.in_flight = 0
         self.bodies = BodyBudget(settings.body_memory_bytes, settings.retry_after_seconds)
         self._limiter = anyio.CapacityLimiter(settings.inference_threads)
+        # Decoding and encoding are Python and msgspec work, bound by the GIL: a second thread would not
+        # make it faster, only make the event loop wait longer for the GIL. The heads and fusion (onnxruntime,
+        # numpy) release it, and run on the inference threads meanwhile.
+        self._codec_limiter = anyio.CapacityLimiter(1)
         self._batcher = (
             MicroBatcher(
                 predict,
@@ -114,15 +119,29 @@ class DataPlane:
             metrics.REQUEST_SECONDS.labels(model.name).observe(time.perf_counter() - started)
 
     async def infer(self, model: LoadedModel, request: InferenceRequest) -> Result:
-        """Heads, fusion and flag for ``request``: micro-batched with others when small, else alone, off the
-        event loop either way."""
+        """Heads, fusion, flag and calibration for ``request``: micro-batched with others when small, else
+        alone, off the event loop either way."""
+        if request.coverage is not None:
+            _check_coverage(model, request.coverage)
         metrics.BATCH_SIZE.labels(model.name).observe(len(request))
         if self._batcher is not None and len(request) * request.present.shape[1] <= BATCHED_SAMPLE_VIEWS:
             return await self._batcher.submit(model, request)
         return await anyio.to_thread.run_sync(predict, model, request, limiter=self._limiter)
 
     async def run(self, work: Callable[..., T], *args, inline: bool, **kwargs) -> T:
-        """A codec's CPU work: here when ``inline`` (small), else on the inference threads."""
+        """A codec's CPU work: here when ``inline`` (small), else on the codec thread."""
         if inline:
             return work(*args, **kwargs)
-        return await anyio.to_thread.run_sync(partial(work, *args, **kwargs), limiter=self._limiter)
+        return await anyio.to_thread.run_sync(partial(work, *args, **kwargs), limiter=self._codec_limiter)
+
+
+def _check_coverage(model: LoadedModel, coverage: float) -> None:
+    """A coverage the model's calibration set supports, or a 400 that says the most it does."""
+    if model.calibration is None:
+        raise InvalidInput(
+            f"model {model.name!r} has no calibration (manifest schema 1): it gives no prediction sets"
+        )
+    try:
+        conformal_rank(model.calibration.calibration_scores.size, coverage=coverage)
+    except CoverageError as error:
+        raise InvalidInput(str(error)) from None

@@ -26,6 +26,14 @@ class ModelSignature:
     method: str  # the default fusion
     lam: float
     methods: tuple[str, ...]  # the fusion methods a request may ask for
+    # Calibrated confidence and prediction sets (a model of manifest schema 1 has neither): the coverage of
+    # a request that names none, and the most its calibration set supports.
+    default_coverage: float | None = None
+    max_coverage: float | None = None
+
+    @property
+    def calibrated(self) -> bool:
+        return self.default_coverage is not None
 
     @cached_property
     def view_index(self) -> dict[str, int]:
@@ -45,24 +53,26 @@ class ModelSignature:
 @dataclass(frozen=True)
 class InferenceRequest:
     """A validated request: features per view ``(N, dim)`` float32 (zeros where missing), presence ``(N, V)``,
-    and the fusion asked for."""
+    the fusion asked for, and the coverage of its prediction sets (the model's default for None)."""
 
     features: dict[str, np.ndarray]
     present: np.ndarray
     method: str
     lam: float
+    coverage: float | None = None
 
     def __len__(self) -> int:
         return self.present.shape[0]
 
     @classmethod
     def concat(cls, requests: list[InferenceRequest]) -> InferenceRequest:
-        """One request of the samples of ``requests``, which share their fusion (method and lambda)."""
+        """One request of the samples of ``requests``, which share their fusion and coverage."""
         first = requests[0]
         if len(requests) == 1:
             return first
         features = {name: np.concatenate([r.features[name] for r in requests]) for name in first.features}
-        return cls(features, np.concatenate([r.present for r in requests]), first.method, first.lam)
+        present = np.concatenate([r.present for r in requests])
+        return cls(features, present, first.method, first.lam, first.coverage)
 
 
 @dataclass(frozen=True)
@@ -80,14 +90,16 @@ class Result:
     blamed_view: np.ndarray  # (N,) int, the view in most conflict (meaningful where flagged)
     view_belief: np.ndarray  # (N, V, K)
     view_uncertainty: np.ndarray  # (N, V)
+    confidence: np.ndarray  # (N,) calibrated probability that the label is right (NaN: no calibration)
+    prediction_set: np.ndarray  # (N, K) bool, the conformal set at ``coverage`` (empty: no calibration)
     method: str
     lam: float
+    coverage: float | None  # None: the model has no calibration
 
     def __len__(self) -> int:
         return self.label.shape[0]
 
     def rows(self, start: int, stop: int) -> Result:
-        sliced = {
-            f.name: getattr(self, f.name)[start:stop] for f in fields(self) if f.name not in ("method", "lam")
-        }
-        return Result(**sliced, method=self.method, lam=self.lam)
+        whole = ("method", "lam", "coverage")  # the request's, not per sample
+        sliced = {f.name: getattr(self, f.name)[start:stop] for f in fields(self) if f.name not in whole}
+        return Result(**sliced, method=self.method, lam=self.lam, coverage=self.coverage)

@@ -29,6 +29,18 @@ MAX_CONFLICT = Histogram(
 VIEW_DISCOUNT = Histogram(
     "dbf_view_discount", "DBF discount factor per present view and sample.", ["model", "view"], buckets=_UNIT
 )
+CONFIDENCE = Histogram(
+    "dbf_confidence",
+    "Calibrated confidence per sample (the probability that its label is right).",
+    ["model"],
+    buckets=_UNIT,
+)
+SET_SIZE = Histogram(
+    "dbf_prediction_set_size",
+    "Classes in each sample's conformal prediction set (1: decided; more, or 0: the model cannot decide).",
+    ["model"],
+    buckets=(0, 1, 2, 3, 4, 5, 7, 10, 15, 20, 30, 50, 100),
+)
 BATCH_SIZE = Histogram(
     "dbf_batch_size",
     "Samples per predict request.",
@@ -71,6 +83,8 @@ def initialise(
     for model, views in models.items():
         BATCH_SIZE.labels(model)
         REQUEST_SECONDS.labels(model)
+        CONFIDENCE.labels(model)
+        SET_SIZE.labels(model)
         for method in methods:
             for family in (PREDICTIONS, HIGH_CONFLICT, UNCERTAINTY, MAX_CONFLICT):
                 family.labels(model, method)
@@ -115,6 +129,8 @@ class ModelChildren:
     high_conflict: Counter
     uncertainty: Histogram
     max_conflict: Histogram
+    confidence: Histogram
+    set_size: Histogram
     views: tuple[ViewChildren, ...]
 
 
@@ -125,6 +141,8 @@ def _children(model: str, method: str, views: tuple[str, ...]) -> ModelChildren:
         HIGH_CONFLICT.labels(model, method),
         UNCERTAINTY.labels(model, method),
         MAX_CONFLICT.labels(model, method),
+        CONFIDENCE.labels(model),
+        SET_SIZE.labels(model),
         tuple(ViewChildren(VIEW_DISCOUNT.labels(model, v), FLAGGED_BY_VIEW.labels(model, v)) for v in views),
     )
 

@@ -53,6 +53,7 @@ class Output:
     description: str
     tensor: Tensor | None = None
     field: Field | None = None
+    calibrated: bool = False  # only a calibrated model gives it (v1: null otherwise; v2: not offered)
 
 
 def _scalar(k: int, v: int) -> tuple[int, ...]:
@@ -113,6 +114,18 @@ def _blamed(result: Result) -> np.ndarray:
 def _blamed_name(result: Result, signature: ModelSignature) -> list[str | None]:
     names = signature.view_names
     return [names[v] if v >= 0 else None for v in _blamed(result).tolist()]
+
+
+def _if_calibrated(
+    column: Callable[[Result, ModelSignature], list],
+) -> Callable[[Result, ModelSignature], list]:
+    return lambda result, signature: (
+        column(result, signature) if signature.calibrated else [None] * len(result)
+    )
+
+
+def _set_members(result: Result, _: ModelSignature) -> list[list[int]]:
+    return [np.flatnonzero(row).tolist() for row in result.prediction_set]
 
 
 def _view_opinions(result: Result, signature: ModelSignature) -> list[dict[str, dict]]:
@@ -184,6 +197,22 @@ OUTPUTS: tuple[Output, ...] = (
         "else null (v2: -1)",
         Tensor("INT64", _scalar, _blamed),
         Field(str | None, _blamed_name),
+    ),
+    Output(
+        "confidence",
+        "calibrated probability that the label is right, fitted on the model's clean validation data "
+        "(null for a model without calibration)",
+        Tensor("FP32", _scalar, _as("confidence", "FP32")),
+        Field(float | None, _if_calibrated(_column("confidence"))),
+        calibrated=True,
+    ),
+    Output(
+        "prediction_set",
+        "the classes that remain plausible: the set holds the true class for at least the answer's "
+        "coverage of samples like the clean validation data (v1: class indices, v2: membership per class)",
+        Tensor("BOOL", _classes, _as("prediction_set", "BOOL")),
+        Field(list[int] | None, _if_calibrated(_set_members)),
+        calibrated=True,
     ),
     Output(
         "views",

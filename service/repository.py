@@ -19,6 +19,7 @@ from pathlib import Path
 import onnxruntime
 from pydantic import ValidationError
 
+from calibration import ModelCalibration
 from fusion import METHODS
 from manifest import Manifest
 from service.inference import ModelSignature, ViewSpec
@@ -41,6 +42,7 @@ class LoadedModel:
     directory: Path
     sessions: dict[str, onnxruntime.InferenceSession] = field(repr=False)
     providers: dict[str, str]  # view -> the provider that really runs it
+    calibration: ModelCalibration | None = field(default=None, repr=False)  # None: manifest schema 1
 
     @property
     def name(self) -> str:
@@ -58,6 +60,8 @@ class LoadedModel:
             method=manifest.fusion.method,
             lam=manifest.fusion.lam,
             methods=METHODS,
+            default_coverage=None if self.calibration is None else self.calibration.default_coverage,
+            max_coverage=None if self.calibration is None else self.calibration.max_coverage,
         )
 
     @cached_property
@@ -145,13 +149,24 @@ def load_repository(settings: Settings) -> Repository:
             _check_signature(session, file, view.dim, len(manifest.classes))
             sessions[view.name] = session
             providers[view.name] = session.get_providers()[0]
-        models[manifest.name] = LoadedModel(manifest, path.parent, sessions, providers)
+        models[manifest.name] = LoadedModel(
+            manifest, path.parent, sessions, providers, _calibration(path, manifest)
+        )
         used = ", ".join(sorted(set(providers.values())))
         log.info("loaded model %s (%s) from %s", manifest.name, used, path.parent)
     default = settings.default_model if settings.default_model in models else next(iter(models))
     if default != settings.default_model:
         log.warning("default model %r not found; serving %r as the default", settings.default_model, default)
     return Repository(models=models, default=default)
+
+
+def _calibration(path: Path, manifest: Manifest) -> ModelCalibration | None:
+    if manifest.calibration is None:
+        return None
+    try:
+        return manifest.calibration.applied()
+    except ValueError as error:  # the calibration package's own checks (the manifest's cannot see them all)
+        raise ModelLoadError(f"{path}: invalid calibration section: {error}") from error
 
 
 def _options(settings: Settings) -> onnxruntime.SessionOptions:

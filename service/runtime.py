@@ -14,7 +14,7 @@ from service.repository import LoadedModel
 
 
 def predict(model: LoadedModel, request: InferenceRequest) -> Result:
-    """Run the heads on the rows that carry each view, fuse, flag, and record the metrics."""
+    """Run the heads on the rows that carry each view, fuse, flag, calibrate, and record the metrics."""
     manifest = model.manifest
     n, k = len(request), len(manifest.classes)
     evidence = np.zeros((n, len(manifest.views), k), dtype=np.float32)
@@ -36,24 +36,28 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
     opinions = opinion_from_evidence(evidence)
     mask = None if complete else request.present  # all present: the same fusion, without the masking
     fused = fuse(opinions, request.method, lam=request.lam, mask=mask)
-    flag = manifest.conflict_flag
+    flag, calibration = manifest.conflict_flag, model.calibration
     max_conflict = fused.conflict.max(axis=(-1, -2))  # the same for every method and lambda
-    if flag.score == "uncertainty":
-        # The threshold was calibrated on the manifest's fusion: judge every request by that, whatever
-        # fusion the client asked for, so the flag keeps its false-positive rate.
-        calibrated = (manifest.fusion.method, manifest.fusion.lam) == (request.method, request.lam)
-        reference = (
-            fused
-            if calibrated
-            else fuse(opinions, manifest.fusion.method, lam=manifest.fusion.lam, mask=mask)
-        )
-        score = reference.uncertainty
-    else:
-        score = max_conflict
+    # The flag's threshold, the confidence calibrator and the conformal scores were fitted on the manifest's
+    # fusion: every request is judged by that one, whatever fusion it asks for, so that the flag keeps its
+    # false-positive rate and the prediction sets their coverage.
+    reference = fused
+    if (flag.score == "uncertainty" or calibration is not None) and (
+        (manifest.fusion.method, manifest.fusion.lam) != (request.method, request.lam)
+    ):
+        reference = fuse(opinions, manifest.fusion.method, lam=manifest.fusion.lam, mask=mask)
+    score = reference.uncertainty if flag.score == "uncertainty" else max_conflict
     flagged = score >= flag.threshold
     # The view most to blame: the one in most conflict with the others (for DBF, the most discounted).
     blame = np.where(request.present, fused.conflict.sum(-1), -1.0).argmax(-1)
-    _record(model, request, fused, max_conflict, flagged, blame)
+    if calibration is not None:
+        confidence = calibration.confidence(reference.belief, reference.uncertainty).astype(np.float32)
+        coverage = calibration.default_coverage if request.coverage is None else request.coverage
+        sets = calibration.prediction_set(reference.probability, coverage=coverage)
+    else:
+        confidence, coverage = np.full(n, np.nan, np.float32), None
+        sets = np.zeros((n, k), dtype=bool)
+    _record(model, request, fused, max_conflict, flagged, blame, confidence, sets)
     return Result(
         present=request.present,
         label=fused.probability.argmax(-1),
@@ -66,12 +70,15 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
         blamed_view=blame,
         view_belief=opinions.belief,
         view_uncertainty=opinions.uncertainty,
+        confidence=confidence,
+        prediction_set=sets,
         method=request.method,
         lam=request.lam,
+        coverage=coverage,
     )
 
 
-def _record(model, request, fused, max_conflict, flagged, blame) -> None:
+def _record(model, request, fused, max_conflict, flagged, blame, confidence, sets) -> None:
     """Per-sample metrics, observed in bulk (one histogram update per bucket, not per sample)."""
     children = metrics.children(
         model.manifest.name, request.method, [view.name for view in model.manifest.views]
@@ -85,3 +92,6 @@ def _record(model, request, fused, max_conflict, flagged, blame) -> None:
         blamed = int((flagged & (blame == v)).sum())
         if blamed:
             view_children.flagged.inc(blamed)
+    if model.calibration is not None:
+        metrics.observe_many(children.confidence, confidence)
+        metrics.observe_many(children.set_size, sets.sum(-1))

@@ -16,6 +16,11 @@ from msgspec import UNSET, Meta, UnsetType
 
 from service.outputs import FIELDS
 
+_COVERAGE = (
+    "the prediction sets' coverage; the model's default if omitted, at most n / (n + 1) for its n "
+    "calibration samples"
+)
+
 # --- v1 -------------------------------------------------------------------------------------------------
 
 
@@ -37,25 +42,35 @@ class PredictRequest(msgspec.Struct, forbid_unknown_fields=True):
     method: Annotated[str, Meta(description="fusion method; the model's default if omitted")] | UnsetType = (
         UNSET
     )
-    lam: Annotated[
-        float, Meta(gt=0, description="DBF's strictness lambda; the model's default if omitted")
-    ] | (UnsetType) = msgspec.field(default=UNSET, name="lambda")
+    lam: Annotated[float, Meta(gt=0, description="DBF's lambda (Eq. 14); the model's default if omitted")] | (
+        UnsetType
+    ) = msgspec.field(default=UNSET, name="lambda")
+    coverage: Annotated[float, Meta(gt=0, lt=1, description=_COVERAGE)] | UnsetType = UNSET
 
 
-# One prediction per sample, its fields those of the output registry.
+# One prediction per sample, its fields those of the output registry (those of calibrated models optional:
+# a client decodes the answers of models, and services, without calibration too).
 Prediction = msgspec.defstruct(
     "Prediction",
-    [(output.name, Annotated[output.field.type, Meta(description=output.description)]) for output in FIELDS],
+    [
+        (output.name, Annotated[output.field.type, Meta(description=output.description)])
+        + ((None,) if output.calibrated else ())
+        for output in FIELDS
+    ],
     frozen=True,
+    kw_only=True,
     module=__name__,
 )
 Prediction.__doc__ = "One sample's answer; ``conflict`` rows and columns are None for views it lacked."
 
 
-class PredictResponse(msgspec.Struct, frozen=True):
+class PredictResponse(msgspec.Struct, frozen=True, kw_only=True):
     model: str
     method: str
     lam: float = msgspec.field(name="lambda")
+    coverage: Annotated[
+        float | None, Meta(description="the prediction sets' coverage (null: no calibration)")
+    ] = None
     views: Annotated[list[str], Meta(description="the model's views, in the conflict matrix's order")]
     predictions: list[Prediction]  # type: ignore[valid-type]
 

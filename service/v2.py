@@ -5,9 +5,11 @@ a JSON header. The server's side (:func:`decode`, :func:`encode`, :func:`metadat
 it without the server's dependencies.
 
 Inputs: one FP32 tensor ``[N, dim]`` per view, named after it; a view left out is missing from every sample.
-Request ``parameters``: ``method`` and ``lambda`` (the model's defaults otherwise) and
-``binary_data_output``. Outputs: the tensors of :data:`service.outputs.TENSORS` (``GET /v2/models/{name}``
-lists them with their shapes), all unless ``outputs`` names some.
+Request ``parameters``: ``method`` and ``lambda`` (the model's defaults otherwise), ``coverage`` (of the
+prediction sets; the model's default otherwise) and ``binary_data_output``. Outputs: the tensors of
+:data:`service.outputs.TENSORS` that the model gives (``GET /v2/models/{name}`` lists them with their
+shapes; a model without calibration gives no ``confidence`` or ``prediction_set``), all unless ``outputs``
+names some.
 
 A binary request carries the header ``Inference-Header-Content-Length: <bytes of the JSON part>``; each
 binary input has ``"parameters": {"binary_data_size": <bytes>}`` and its bytes follow in input order. An
@@ -28,7 +30,7 @@ import numpy as np
 
 from service.errors import InvalidInput, PayloadTooLarge
 from service.inference import InferenceRequest, ModelSignature, Result
-from service.outputs import DTYPES, TENSORS
+from service.outputs import DTYPES, TENSORS, Output
 from service.schemas import InferRequest
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -69,7 +71,7 @@ def decode(
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError) as error:
         reason = "nested too deeply" if isinstance(error, RecursionError) else error
         raise InvalidInput(f"not an inference request: {reason}") from None
-    method, lam = _fusion(request.parameters, signature)
+    method, lam, coverage = _options(request.parameters, signature)
     views, index = signature.views, signature.view_index
     arrays: dict[str, np.ndarray] = {}
     offset, n = 0, None
@@ -118,9 +120,9 @@ def decode(
     present = np.zeros((n, len(views)), dtype=bool)
     for name in arrays:
         present[:, index[name]] = True
-    outputs, binary_outputs = _outputs(request, binary_request=length is not None)
+    outputs, binary_outputs = _outputs(request, signature, binary_request=length is not None)
     context = Context(signature, request.id, outputs, binary_outputs, tuple(t.name for t in request.inputs))
-    return InferenceRequest(features, present, method, lam), context
+    return InferenceRequest(features, present, method, lam, coverage), context
 
 
 def encode(context: Context, result: Result) -> tuple[bytes, dict[str, str]]:
@@ -145,6 +147,8 @@ def encode(context: Context, result: Result) -> tuple[bytes, dict[str, str]]:
         "outputs": outputs,
         "parameters": {"method": result.method, "lambda": result.lam},
     }
+    if result.coverage is not None:
+        answer["parameters"]["coverage"] = result.coverage
     if context.id is not None:
         answer["id"] = context.id
     header = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
@@ -171,7 +175,7 @@ def metadata(signature: ModelSignature) -> dict[str, Any]:
         ],
         "outputs": [
             {"name": name, "datatype": output.tensor.datatype, "shape": [-1, *output.tensor.shape(k, v)]}
-            for name, output in TENSORS.items()
+            for name, output in _offered(signature).items()
         ],
         "parameters": {
             "views": signature.view_names,
@@ -179,6 +183,9 @@ def metadata(signature: ModelSignature) -> dict[str, Any]:
             "methods": list(signature.methods),
             "method": signature.method,
             "lambda": signature.lam,
+            "calibrated": signature.calibrated,
+            **({"coverage": signature.default_coverage} if signature.calibrated else {}),
+            **({"max_coverage": signature.max_coverage} if signature.calibrated else {}),
         },
     }
 
@@ -215,7 +222,12 @@ def _json_data(raw: msgspec.Raw, rows: int, dim: int, where: str) -> np.ndarray:
         return np.array(values, dtype=np.float32).reshape(rows, dim)
 
 
-def _fusion(parameters: dict[str, Any], signature: ModelSignature) -> tuple[str, float]:
+def _offered(signature: ModelSignature) -> dict[str, Output]:
+    """The output tensors this model gives (calibrated ones only if it has a calibration)."""
+    return {name: o for name, o in TENSORS.items() if signature.calibrated or not o.calibrated}
+
+
+def _options(parameters: dict[str, Any], signature: ModelSignature) -> tuple[str, float, float | None]:
     method = parameters.get("method", signature.method)
     if method not in signature.methods:
         raise InvalidInput(
@@ -229,21 +241,27 @@ def _fusion(parameters: dict[str, Any], signature: ModelSignature) -> tuple[str,
     if not finite or lam <= 0:
         shown = repr(lam) if len(repr(lam)) <= 40 else f"{repr(lam)[:40]}..."
         raise InvalidInput(f"parameters.lambda must be a positive finite number, got {shown}")
-    return method, float(lam)
+    coverage = parameters.get("coverage")
+    if coverage is not None and not (type(coverage) in (int, float) and 0 < coverage < 1):
+        raise InvalidInput(f"parameters.coverage must be a number between 0 and 1, got {coverage!r}")
+    return method, float(lam), None if coverage is None else float(coverage)
 
 
-def _outputs(request: InferRequest, *, binary_request: bool) -> tuple[tuple[str, ...], frozenset[str]]:
-    """The outputs asked for (all, if none are named) and those to send as binary."""
+def _outputs(
+    request: InferRequest, signature: ModelSignature, *, binary_request: bool
+) -> tuple[tuple[str, ...], frozenset[str]]:
+    """The outputs asked for (all the model gives, if none are named) and those to send as binary."""
     default = request.parameters.get("binary_data_output", binary_request)
     if type(default) is not bool:
         raise InvalidInput(f"parameters.binary_data_output must be true or false, got {default!r}")
+    offered = _offered(signature)
     if not request.outputs:
-        return tuple(TENSORS), frozenset(TENSORS) if default else frozenset()
+        return tuple(offered), frozenset(offered) if default else frozenset()
     names, binary = [], set()
     for i, output in enumerate(request.outputs):
         where = f"outputs[{i}] ({output.name})"
-        if output.name not in TENSORS:
-            raise InvalidInput(f"{where}: unknown output; this model gives {list(TENSORS)}")
+        if output.name not in offered:
+            raise InvalidInput(f"{where}: unknown output; this model gives {list(offered)}")
         if output.name in names:
             raise InvalidInput(f"{where}: asked for twice")
         if "classification" in output.parameters:

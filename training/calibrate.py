@@ -218,16 +218,6 @@ def fit_calibration(
     )
 
 
-def model_calibration(section: Calibration) -> ModelCalibration:
-    """The manifest section as the ``calibration`` package applies it."""
-    return ModelCalibration.from_parameters(
-        confidence=section.confidence.model_dump(),
-        score=section.conformal.score.model_dump(),
-        calibration_scores=section.conformal.calibration_scores,
-        default_coverage=section.conformal.default_coverage,
-    )
-
-
 def evaluate_calibration(
     calibration: Calibration | ModelCalibration,
     split: FusedSplit,
@@ -242,7 +232,7 @@ def evaluate_calibration(
     size and shares of empty and one-class sets, clean and conflictive (coverage vs requested level). The
     conflictive samples keep their true labels; nothing is guaranteed for them, this measures what happens.
     """
-    calibrated = model_calibration(calibration) if isinstance(calibration, Calibration) else calibration
+    calibrated = calibration.applied() if isinstance(calibration, Calibration) else calibration
     b, u, y = _arrays(split)
     correct = b.argmax(axis=1) == y
     confidence = calibrated.confidence(b, u)
@@ -321,5 +311,4 @@ __all__ = [
     "SetFigures",
     "evaluate_calibration",
     "fit_calibration",
-    "model_calibration",
 ]

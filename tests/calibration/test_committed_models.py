@@ -20,7 +20,7 @@ from manifest import Manifest
 from tests.calibration.test_conformal import assert_guaranteed, empirical_coverage, splits_to_pin
 from tests.calibration.test_mapie import mapie_sets
 from training import data as datasets
-from training.calibrate import FusedSplit, evaluate_calibration, fit_calibration, model_calibration
+from training.calibrate import FusedSplit, evaluate_calibration, fit_calibration
 from training.export import exported_evidence
 
 pytestmark = pytest.mark.data
@@ -66,7 +66,7 @@ def test_coverage_guarantee_holds_on_the_model_fused_outputs(fused, name):
     probability = np.concatenate([_probability(validation), _probability(test)])
     labels = np.concatenate([validation.labels, test.labels])
     n = validation.labels.size  # calibrated on as many samples as the model was
-    chosen = model_calibration(fit_calibration(validation)).score
+    chosen = fit_calibration(validation).applied().score
     for coverage in (0.9, 0.95):
         for score in {LAC, chosen}:
             splits = splits_to_pin(n, labels.size - n, coverage) if score.kind == "lac" else 200
@@ -95,7 +95,7 @@ def test_calibrated_confidence_meets_the_target_on_the_clean_test_split(fused, n
     # The target, 0.05, where the test split is large enough to measure it (CUB's 120 samples are
     # not: a perfectly calibrated confidence scores an ECE above 0.05 half the time there).
     test = splits["test"]
-    confidence = model_calibration(section).confidence(test.clean.belief, test.clean.uncertainty)
+    confidence = section.applied().confidence(test.clean.belief, test.clean.uncertainty)
     assert report.ece_confidence <= max(TARGET_ECE, _ece_noise_level(confidence))
     # The label is DBF's, untouched: accuracy is the projected probability's.
     assert report.accuracy == np.mean(_probability(test).argmax(axis=1) == test.labels)
@@ -109,7 +109,7 @@ def test_the_section_round_trips_through_a_version_2_manifest(fused, name):
     loaded = Manifest.model_validate_json(text)
     assert loaded.schema_version == 2 and loaded.calibration == section
     test = splits["test"]
-    before, after = model_calibration(section), model_calibration(loaded.calibration)
+    before, after = section.applied(), loaded.calibration.applied()
     b, u = test.clean.belief, test.clean.uncertainty
     np.testing.assert_array_equal(before.confidence(b, u), after.confidence(b, u))
     probability = _probability(test)

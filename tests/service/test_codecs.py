@@ -4,6 +4,7 @@ schema and the client all read."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import zlib
 
@@ -27,7 +28,10 @@ SIGNATURE = ModelSignature(
     method="dbf",
     lam=1.0,
     methods=("bcf", "cbf", "baf", "gbaf", "dbf"),
+    default_coverage=0.9,
+    max_coverage=0.95,
 )
+UNCALIBRATED = dataclasses.replace(SIGNATURE, default_coverage=None, max_coverage=None)
 
 
 def result(n: int = 2, present: list[list[bool]] | None = None) -> Result:
@@ -46,8 +50,11 @@ def result(n: int = 2, present: list[list[bool]] | None = None) -> Result:
         blamed_view=np.ones(n, dtype=np.int64),
         view_belief=rng.random((n, 2, 3), dtype=np.float32),
         view_uncertainty=rng.random((n, 2), dtype=np.float32),
+        confidence=rng.random(n, dtype=np.float32),
+        prediction_set=rng.random((n, 3)) < 0.5,
         method="dbf",
         lam=1.0,
+        coverage=0.9,
     )
 
 
@@ -90,6 +97,39 @@ def test_v1_answers_decode_into_the_generated_types():
     assert set(second.discount) == {"a"} and set(second.views) == {"a"}
     assert decoded.predictions[0].blamed_view == "b" and second.blamed_view is None  # flagged: even rows
     assert decoded.predictions[0].class_name == "x"
+
+
+def test_calibrated_outputs_are_null_or_not_offered_without_calibration():
+    out = result(2)
+    calibrated = msgspec.json.decode(v1.encode(SIGNATURE, out)[0], type=schemas.PredictResponse)
+    assert calibrated.coverage == 0.9
+    for prediction, members in zip(calibrated.predictions, out.prediction_set, strict=True):
+        assert prediction.prediction_set == np.flatnonzero(members).tolist()
+        assert 0 <= prediction.confidence <= 1
+    plain = msgspec.json.decode(v1.encode(UNCALIBRATED, dataclasses.replace(out, coverage=None))[0])
+    assert plain["coverage"] is None
+    assert all(p["confidence"] is None and p["prediction_set"] is None for p in plain["predictions"])
+    offered = [t["name"] for t in v2.metadata(UNCALIBRATED)["outputs"]]
+    assert "confidence" not in offered and "prediction_set" not in offered and "label" in offered
+    _, context = v2.decode(v2_body([A]), {}, UNCALIBRATED, max_samples=8)
+    assert context.outputs == tuple(offered)
+    with pytest.raises(InvalidInput, match=r"outputs\[0\] \(confidence\): unknown output"):
+        v2.decode(v2_body([A], outputs=[{"name": "confidence"}]), {}, UNCALIBRATED, max_samples=8)
+
+
+@pytest.mark.parametrize("coverage", [0, 1, 1.5, -0.1, True, "0.9"])
+def test_a_coverage_outside_zero_to_one_is_refused_by_both_protocols(coverage):
+    with pytest.raises(InvalidInput, match="'coverage' must be a number between 0 and 1"):
+        v1.decode(
+            json.dumps({"samples": [{"views": {"a": [1, 2]}}], "coverage": coverage}).encode(),
+            {},
+            SIGNATURE,
+            max_samples=8,
+        )
+    with pytest.raises(InvalidInput, match=r"parameters\.coverage must be a number between 0 and 1"):
+        v2.decode(v2_body([A], parameters={"coverage": coverage}), {}, SIGNATURE, max_samples=8)
+    request, _ = v2.decode(v2_body([A], parameters={"coverage": 0.8}), {}, SIGNATURE, max_samples=8)
+    assert request.coverage == 0.8
 
 
 def test_v2_metadata_lists_every_tensor_with_its_shape():

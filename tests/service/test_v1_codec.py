@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from service.errors import InvalidInput, PayloadTooLarge
 from service.repository import load_repository
+from service.runtime import predict
 from service.settings import Settings
-from service.v1 import _parse_fast, _parse_strict, parse
+from service.v1 import _parse_fast, _parse_strict, encode, parse
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 MODEL = load_repository(Settings(model_dir=MODELS / "handwritten")).get().signature
@@ -130,3 +131,31 @@ def test_missing_views_are_zero_rows_and_absent():
     assert batch.present[:, [list(DIMS).index("mor"), list(DIMS).index("kar")]].tolist() == [[1, 0], [0, 1]]
     assert batch.features["mor"].dtype == np.float32 and batch.features["mor"][1].tolist() == [0.0] * 6
     assert batch.features["kar"][1].tolist() == [0.25] * 64 and not batch.features["pix"].any()
+
+
+def test_big_bodies_and_answers_decoded_and_encoded_in_slices_are_the_same():
+    """Past 256 KiB a body is decoded a sample at a time, and an answer of more than 64 samples serialized a
+    block at a time (short calls into C, so the event loop gets the GIL): the same request, the same JSON."""
+    rng = np.random.default_rng(7)
+    samples = []
+    for i in range(90):
+        names = list(DIMS) if i % 3 else ["mor", "pix"]
+        samples.append({"views": {n: rng.random(DIMS[n]).tolist() for n in names}})
+    body = json.dumps({"samples": samples, "lambda": 2.0, "coverage": 0.8}).encode()
+    assert len(body) > 256 * 1024
+    assert _parse_fast(body, MODEL, 128) is not None
+    assert outcome(_parse_fast, body) == outcome(_parse_strict, body)
+    model = load_repository(Settings(model_dir=MODELS / "handwritten")).get()
+    result = predict(model, parse(body, MODEL, max_samples=128))
+    content, _ = encode(MODEL, result)
+    whole = {
+        "model": "handwritten",
+        "method": "dbf",
+        "lambda": 2.0,
+        "coverage": result.coverage,
+        "views": list(DIMS),
+        "predictions": [
+            json.loads(encode(MODEL, result.rows(i, i + 1))[0])["predictions"][0] for i in range(90)
+        ],
+    }
+    assert json.loads(content) == whole
