@@ -238,10 +238,11 @@ class ComposeStack:
 @pytest.fixture(scope="module")
 def stack(cpu_image: Build) -> Iterator[ComposeStack]:
     """The stack up (the service built by compose itself), on the host's network; torn down at the end."""
+    stack = ComposeStack()
+    stack.compose("down", "--volumes", "--remove-orphans", "--timeout", "10")  # what a killed run left
     busy = [f"{service} ({port})" for service, port in PORTS.items() if port_in_use(port)]
     if busy:
         unavailable(f"loopback ports taken, the stack cannot listen there: {', '.join(busy)}")
-    stack = ComposeStack()
     networks = docker("network", "ls", "--quiet").stdout.split()
     stack.compose("build", "dbf-serve", timeout=900)
     try:
@@ -251,9 +252,9 @@ def stack(cpu_image: Build) -> Iterator[ComposeStack]:
             mode = docker("inspect", "--format", "{{.HostConfig.NetworkMode}}", stack.container(service))
             assert mode.stdout.strip() == "host", service
         warnings.warn(
-            "Grafana is not started (no image can be pulled here, and Debian has no package): its "
-            "provisioning is checked against Grafana's documented schema instead; the dashboard is not "
-            "rendered",
+            "Grafana is not started (where no registry answers, Debian has no package to make a stand-in "
+            "of its image from): its provisioning is checked against Grafana's documented schema instead "
+            "(test_containers.py); the dashboard is not rendered",
             ContainerTestNote,
             stacklevel=1,
         )
