@@ -13,14 +13,28 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# onnxruntime's CPU build (pyproject's `cpu` extra), or its GPU build (`gpu`) where an NVIDIA driver answers;
+# `make ORT=cpu ...` or `ORT=gpu` chooses. The two builds share the module's files: a switch removes the
+# other first, and the stamp per choice makes a switch reinstall.
+ifndef ORT
+ORT := $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
+endif
+ORT_OTHER := $(if $(filter gpu,$(ORT)),onnxruntime,onnxruntime-gpu)
+
+$(VENV)/.onnxruntime-$(ORT): | $(BIN)/python
+	if $(BIN)/python -m pip show --quiet $(ORT_OTHER) >/dev/null 2>&1; then \
+		$(BIN)/python -m pip uninstall --quiet --yes $(ORT_OTHER); fi
+	rm -f $(VENV)/.onnxruntime-*
+	touch $@
+
 # The service's dependencies only: serving never needs torch.
-$(VENV)/.installed-serve: pyproject.toml constraints.txt | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e .
+$(VENV)/.installed-serve: pyproject.toml constraints.txt $(VENV)/.onnxruntime-$(ORT) | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[$(ORT)]'
 	touch $@
 
 # Everything: training (torch) and the development tools.
-$(VENV)/.installed-dev: pyproject.toml constraints.txt | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[train,dev]'
+$(VENV)/.installed-dev: pyproject.toml constraints.txt $(VENV)/.onnxruntime-$(ORT) | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[train,dev,$(ORT)]'
 	touch $@ $(VENV)/.installed-serve
 
 serve: $(VENV)/.installed-serve

@@ -40,7 +40,16 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(1)
     if args.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         # Separate processes, separate counters: prometheus-client's multiprocess mode adds them up.
-        shared = tempfile.mkdtemp(prefix="dbf-metrics-")
+        try:
+            shared = tempfile.mkdtemp(prefix="dbf-metrics-")
+        except OSError as error:  # e.g. a read-only root filesystem with nothing mounted on /tmp
+            print(
+                f"error: --workers {args.workers} needs a writable directory for the workers' shared metrics "
+                f"({error}): mount one on /tmp (docker run --read-only --tmpfs /tmp) or set "
+                "PROMETHEUS_MULTIPROC_DIR to one",
+                file=sys.stderr,
+            )
+            sys.exit(1)
         atexit.register(shutil.rmtree, shared, ignore_errors=True)
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = shared
     # Graceful shutdown: on SIGTERM (or Ctrl-C) uvicorn stops accepting, lets in-flight requests finish

@@ -10,6 +10,7 @@ under onnxruntime.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
@@ -300,12 +301,17 @@ def export(
 
 def _provenance() -> dict[str, str]:
     versions = {"python": platform.python_version()}
-    for package in ("dbf-serve", "torch", "numpy", "onnx", "onnxruntime-gpu"):
+    for package in ("dbf-serve", "torch", "numpy", "onnx"):
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             versions[package] = "absent"
-    return versions
+    # The parity check ran on whichever onnxruntime build is installed (pyproject's cpu or gpu extra).
+    runtimes = {}
+    for package in ("onnxruntime", "onnxruntime-gpu"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            runtimes[package] = metadata.version(package)
+    return {**versions, **(runtimes or {"onnxruntime": "absent"})}
 
 
 def exported_evidence(model_dir: str | os.PathLike[str], views: Mapping[str, np.ndarray]) -> np.ndarray:

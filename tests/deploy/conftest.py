@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 import yaml
@@ -27,9 +28,13 @@ def require_tool(*names: str, package: str) -> str:
         path = shutil.which(name)
         if path:
             return path
-    reason = f"{' or '.join(names)} not found on PATH (Debian/Ubuntu: apt-get install {package})"
+    unavailable(f"{' or '.join(names)} not found on PATH (Debian/Ubuntu: apt-get install {package})")
+
+
+def unavailable(reason: str) -> NoReturn:
+    """Skip the test for ``reason``, or fail it in CI (``CI`` set), where .ci/run provides what it needs."""
     if os.environ.get("CI"):
-        pytest.fail(f"{reason}; CI must run this test (.ci/run installs it)", pytrace=False)
+        pytest.fail(f"{reason}; CI must run this test (.ci/run provides it)", pytrace=False)
     pytest.skip(reason)
 
 

