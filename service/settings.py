@@ -24,11 +24,11 @@ class Settings(BaseSettings):
     # binary tensors (/v2/models/{name}/infer: 1024 HandWritten samples in 2.7 MB).
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1, description="request body size; more is a 413")
     # Slow bodies: the whole body within this many seconds, and on average at no less than this many bytes a
-    # second after its first five (a stalled or trickling upload gets 408 and its connection closed).
+    # second after its first ten (a stalled or trickling upload gets 408 and its connection closed).
     # Requests take a predict slot only once their body is in, so slow senders never crowd out the others.
     body_timeout_seconds: float = Field(default=30.0, gt=0, description="a body's longest time to arrive")
     body_min_bytes_per_second: int = Field(
-        default=1024, ge=0, description="a body's slowest average rate after its first 5 s (0: any)"
+        default=1024, ge=0, description="a body's slowest average rate after its first 10 s (0: any)"
     )
     # Bytes of request bodies buffered at once, across requests (declared lengths reserved up front,
     # decompressed bytes counted too); beyond it, 503 overloaded with Retry-After. With bodies of at most

@@ -22,7 +22,7 @@ from service.errors import InvalidInput, PayloadTooLarge, RequestTimeout, Unsupp
 _MAX_DIGITS = 18
 _WBITS = {"gzip": (16 + zlib.MAX_WBITS,), "deflate": (zlib.MAX_WBITS, -zlib.MAX_WBITS)}  # zlib, else raw
 # A body may take this long before its average rate counts (a client's warm-up, a pause on a slow link).
-_RATE_GRACE_SECONDS = 5.0
+_RATE_GRACE_SECONDS = 10.0
 
 
 @asynccontextmanager
