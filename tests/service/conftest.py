@@ -23,6 +23,15 @@ def free_port() -> int:
 @contextmanager
 def running_service(*args: str, env: dict[str, str] | None = None, timeout: float = 60.0) -> Iterator[str]:
     """Run ``python -m service`` on a free loopback port until the block ends; yields its base URL."""
+    with service_process(*args, env=env, timeout=timeout) as (url, _):
+        yield url
+
+
+@contextmanager
+def service_process(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60.0
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """:func:`running_service`, yielding the process too (to signal it)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     # The log goes to a file, not a pipe: a pipe nobody reads fills up (access logs) and blocks the service.
@@ -47,7 +56,7 @@ def running_service(*args: str, env: dict[str, str] | None = None, timeout: floa
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"service did not answer on {url} within {timeout} s") from None
                     time.sleep(0.1)
-            yield url
+            yield url, proc
         finally:
             proc.terminate()
             try:
