@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+import numpy as np
 import onnxruntime
 from pydantic import ValidationError
 
@@ -114,6 +115,14 @@ def load_repository(settings: Settings) -> Repository:
             f"{settings.model_dir}: no manifest.json (neither a model nor a repository of them)"
         )
     manifests = [(path, *read_manifest(path)) for path in paths]  # verify everything before loading anything
+    for path, manifest, _ in manifests:
+        for view in manifest.views:
+            if view.dim > settings.max_view_dim:
+                # An absent view is sent to its head as zeros: rows x dim of them, per request.
+                raise ModelLoadError(
+                    f"{path}: view {view.name!r} has dim {view.dim}; at most {settings.max_view_dim} "
+                    "are served (DBF_MAX_VIEW_DIM)"
+                )
     _, first_manifest, first_bytes = manifests[0]
     use_cuda = _cuda_usable(first_bytes[first_manifest.views[0].name])
     if settings.require_gpu and not use_cuda:
@@ -129,6 +138,7 @@ def load_repository(settings: Settings) -> Repository:
             file = path.parent / view.file
             session = _session(file, verified[view.name], settings, use_cuda)
             _check_signature(session, file, view.dim, len(manifest.classes))
+            _check_probe(session, file, view.dim, len(manifest.classes))
             sessions[view.name] = session
             providers[view.name] = session.get_providers()[0]
         models[manifest.name] = LoadedModel(manifest, path.parent, sessions, providers)
@@ -189,3 +199,23 @@ def _check_signature(session: onnxruntime.InferenceSession, file: Path, dim: int
         raise ModelLoadError(f"{file}: input is {inp.type} {inp.shape}, manifest says float32 (N, {dim})")
     if len(out.shape) != 2 or out.shape[1] != classes:
         raise ModelLoadError(f"{file}: output is {out.shape}, manifest says (N, {classes})")
+
+
+def _check_probe(session: onnxruntime.InferenceSession, file: Path, dim: int, classes: int) -> None:
+    """Run the head on a batch of zeros, as an absent view is sent to it: a graph whose declared shapes
+    say (N, K) but whose real output is narrower (broadcast silently) or wider (an error on every request),
+    that takes no batch of two, or that gives negative or non-finite evidence, is refused here, not served."""
+    probe = np.zeros((2, dim), dtype=np.float32)
+    try:
+        [evidence] = session.run(["evidence"], {"features": probe})
+    except Exception as error:  # onnxruntime raises its own exception types
+        raise ModelLoadError(f"{file}: fails on a probe batch of 2 samples of zeros: {error}") from error
+    if evidence.shape != (2, classes):
+        raise ModelLoadError(
+            f"{file}: gives evidence of shape {evidence.shape} for 2 samples; manifest says (2, {classes})"
+        )
+    if not np.isfinite(evidence).all() or (evidence < 0).any():
+        raise ModelLoadError(
+            f"{file}: gives negative or non-finite evidence for features of zeros (an absent view's): "
+            f"{evidence[0, :8].tolist()}{' ...' if classes > 8 else ''}"
+        )

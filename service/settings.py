@@ -25,6 +25,11 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1, description="request body size; more is a 413")
     # Load shedding: requests past this many in flight (queued or running) get 503 + Retry-After at once,
     # rather than waiting in an unbounded queue until their clients time out.
+    # The largest view a model may declare: a request that leaves a view out has it sent as zeros, up to
+    # DBF_MAX_SAMPLES x this many float32 per view (256 MiB at the defaults).
+    max_view_dim: int = Field(
+        default=65536, ge=1, description="a manifest's largest view dim; more refuses it"
+    )
     max_in_flight: int = Field(default=64, ge=1, description="concurrent predict requests; more is a 503")
     retry_after_seconds: int = Field(default=1, ge=0, description="Retry-After of a load-shedding 503")
     # Micro-batching (service/batching.py): concurrent requests for the same model and fusion run together.
