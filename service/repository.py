@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import io
 import logging
+import os
 import stat
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -64,23 +65,58 @@ class Repository:
 
 
 def repository_fingerprint(model_dir: Path) -> tuple:
-    """What changes when any file under ``model_dir`` is added, removed, replaced or rewritten."""
-    fingerprint = []
-    for path in sorted(model_dir.rglob("*")):
+    """What changes when anything the loader reads is added, removed, replaced or rewritten: the entries of
+    ``model_dir`` and of its folders (a model's files), symlinks followed.
+
+    A symlink counts by where it points and by what it points to (its target's inode, size and time), so
+    that adding a symlinked model, swapping a link atomically (``ln -sfn v2 tmp && mv -T tmp current``, of
+    a model or of ``model_dir`` itself) and editing a file behind a link are all seen. Two levels deep and
+    each folder once: a symlink loop ends there. Hidden entries are not read (:func:`find_manifests`).
+    """
+    fingerprint: list[tuple] = [("", os.path.realpath(model_dir))]
+    folders_seen: set[tuple[int, int]] = set()
+
+    def look(folder: Path, depth: int) -> None:
         try:
-            info = path.stat()
-        except FileNotFoundError:  # removed while we looked: the next look sees what is left
-            continue
-        if stat.S_ISREG(info.st_mode):
-            fingerprint.append((str(path), info.st_mtime_ns, info.st_size, info.st_ino))
+            info = folder.stat()
+            entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+        except OSError:  # removed (or swapped) while we looked: the next look sees what is there
+            return
+        if (info.st_dev, info.st_ino) in folders_seen:
+            return
+        folders_seen.add((info.st_dev, info.st_ino))
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            try:
+                info = entry.stat()  # of the target, for a symlink
+                link = os.readlink(entry.path) if entry.is_symlink() else None
+            except OSError:  # a broken link, or gone
+                continue
+            fingerprint.append(
+                (
+                    entry.path,
+                    link,
+                    stat.S_IFMT(info.st_mode),
+                    info.st_dev,
+                    info.st_ino,
+                    info.st_mtime_ns,
+                    info.st_size,
+                )
+            )
+            if depth > 1 and stat.S_ISDIR(info.st_mode):
+                look(Path(entry.path), depth - 1)
+
+    look(model_dir, 2)
     return tuple(fingerprint)
 
 
 def find_manifests(model_dir: Path) -> list[Path]:
-    """``model_dir/manifest.json`` if it is one model, else ``model_dir/*/manifest.json``, sorted."""
+    """``model_dir/manifest.json`` if it is one model, else ``model_dir/*/manifest.json``, sorted; hidden
+    folders (staging, ``..data`` of a Kubernetes volume) are not models."""
     if (model_dir / "manifest.json").is_file():
         return [model_dir / "manifest.json"]
-    return sorted(model_dir.glob("*/manifest.json"))
+    return sorted(path for path in model_dir.glob("*/manifest.json") if not path.parent.name.startswith("."))
 
 
 def read_manifest(path: Path) -> tuple[Manifest, dict[str, bytes]]:
@@ -109,7 +145,8 @@ def read_manifest(path: Path) -> tuple[Manifest, dict[str, bytes]]:
 
 def load_repository(settings: Settings) -> Repository:
     """Verify and load every model under ``settings.model_dir``; :class:`ModelLoadError` on any fault."""
-    paths = find_manifests(settings.model_dir)
+    # Each model read from where its folder leads now: a symlink swapped while we read cannot mix versions.
+    paths = [path.parent.resolve() / path.name for path in find_manifests(settings.model_dir)]
     if not paths:
         raise ModelLoadError(
             f"{settings.model_dir}: no manifest.json (neither a model nor a repository of them)"
