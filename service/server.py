@@ -40,7 +40,6 @@ import asyncio
 import http
 import json
 import logging
-import math
 import resource
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -98,21 +97,21 @@ class ConnectionBook:
     def __len__(self) -> int:
         return len(self.waiting) + len(self.receiving) + len(self.answering)
 
+    # A connection moves between the three while it is in the book; once closed (or shed), it stays out.
     def wait(self, connection: GuardedHttpProtocol) -> None:
-        self._forget(connection)
-        self.waiting[connection] = None
+        if self._forget(connection):
+            self.waiting[connection] = None
 
     def receive(self, connection: GuardedHttpProtocol) -> None:
-        self._forget(connection)
-        self.receiving[connection] = None
+        if self._forget(connection):
+            self.receiving[connection] = None
 
     def answer(self, connection: GuardedHttpProtocol) -> None:
-        self._forget(connection)
-        self.answering.add(connection)
+        if self._forget(connection):
+            self.answering.add(connection)
 
     def close(self, connection: GuardedHttpProtocol) -> None:
-        if connection in self.waiting or connection in self.receiving or connection in self.answering:
-            self._forget(connection)
+        if self._forget(connection):
             metrics.OPEN_CONNECTIONS.dec()
 
     def admit(self, connection: GuardedHttpProtocol, limit: int) -> bool:
@@ -133,10 +132,16 @@ class ConnectionBook:
         self.close(connection)
         return False
 
-    def _forget(self, connection: GuardedHttpProtocol) -> None:
-        self.waiting.pop(connection, None)
-        self.receiving.pop(connection, None)
-        self.answering.discard(connection)
+    def _forget(self, connection: GuardedHttpProtocol) -> bool:
+        """Take ``connection`` out; whether it was in."""
+        for queue in (self.waiting, self.receiving):
+            if connection in queue:
+                del queue[connection]
+                return True
+        if connection in self.answering:
+            self.answering.remove(connection)
+            return True
+        return False
 
 
 # One book per uvicorn server (in practice: per worker process), found from the state its protocols share.
@@ -335,7 +340,7 @@ class ConnectionAnswers:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = _declared_body(scope["headers"])
+        declared = _declared_length(scope["headers"])
         body_pending = declared != 0
         started = False
 
@@ -352,7 +357,9 @@ class ConnectionAnswers:
                 started = True
                 # The rest of a body over the limit is not read: uvicorn, seeing the header, closes the
                 # connection after the answer. (A smaller rest is read and dropped: GuardedHttpProtocol.)
-                if body_pending and (message["status"] == 413 or declared > self.max_body_bytes):
+                if body_pending and (
+                    message["status"] == 413 or (declared is not None and declared > self.max_body_bytes)
+                ):
                     message = {**message, "headers": [*message.get("headers", ()), _CLOSE]}
             await send(message)
 
@@ -375,14 +382,14 @@ class ConnectionAnswers:
 _CLOSE = (b"connection", b"close")
 
 
-def _declared_body(headers: list[tuple[bytes, bytes]]) -> int | float:
-    """The body's declared length: 0 for none, infinity when chunked (or a length past any limit)."""
+def _declared_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """The body's declared length: 0 for none, None when chunked (unknown until it ends)."""
     for name, value in headers:
         if name == b"content-length":
             digits = value.lstrip(b"0")  # httptools has checked they are digits
-            return int(digits or b"0") if len(digits) <= 18 else math.inf  # int() of 4300+ digits raises
+            return int(digits or b"0") if len(digits) <= 18 else 10**18  # int() of 4300+ digits raises
         if name == b"transfer-encoding":
-            return math.inf
+            return None
     return 0
 
 
