@@ -87,60 +87,49 @@ class _Refused(Exception):
 
 class ConnectionBook:
     """This worker's open connections by what they do: waiting for a request, receiving a request's body,
-    or being answered (request in). Oldest first within each, so the stalest is found at once."""
+    or being answered (request in). Oldest first within each, so the stalest is found at once; each
+    connection knows where it is (``book_place``), so that a move costs two dictionary operations."""
 
     def __init__(self) -> None:
-        self.waiting: OrderedDict[GuardedHttpProtocol, None] = OrderedDict()
-        self.receiving: OrderedDict[GuardedHttpProtocol, None] = OrderedDict()
-        self.answering: set[GuardedHttpProtocol] = set()
+        self.places: dict[str, OrderedDict[GuardedHttpProtocol, None]] = {
+            "waiting": OrderedDict(),
+            "receiving": OrderedDict(),
+            "answering": OrderedDict(),
+        }
+        self.count = 0
 
-    def __len__(self) -> int:
-        return len(self.waiting) + len(self.receiving) + len(self.answering)
-
-    # A connection moves between the three while it is in the book; once closed (or shed), it stays out.
-    def wait(self, connection: GuardedHttpProtocol) -> None:
-        if self._forget(connection):
-            self.waiting[connection] = None
-
-    def receive(self, connection: GuardedHttpProtocol) -> None:
-        if self._forget(connection):
-            self.receiving[connection] = None
-
-    def answer(self, connection: GuardedHttpProtocol) -> None:
-        if self._forget(connection):
-            self.answering.add(connection)
+    def move(self, connection: GuardedHttpProtocol, place: str) -> None:
+        """To the newest end of ``place``; a connection closed (or shed) stays out."""
+        if connection.book_place is not None:
+            del self.places[connection.book_place][connection]
+            self.places[place][connection] = None
+            connection.book_place = place
 
     def close(self, connection: GuardedHttpProtocol) -> None:
-        if self._forget(connection):
+        if connection.book_place is not None:
+            del self.places[connection.book_place][connection]
+            connection.book_place = None
+            self.count -= 1
             metrics.OPEN_CONNECTIONS.dec()
 
     def admit(self, connection: GuardedHttpProtocol, limit: int) -> bool:
         """Count ``connection`` in (waiting for its request); over ``limit``, close the stalest other one.
         False if there is none to close: ``connection`` itself is then refused."""
-        self.waiting[connection] = None
+        self.places["waiting"][connection] = None
+        connection.book_place = "waiting"
+        self.count += 1
         metrics.OPEN_CONNECTIONS.inc()
-        if len(self) <= limit:
+        if self.count <= limit:
             return True
-        for state, queue in (("waiting", self.waiting), ("receiving", self.receiving)):
-            stalest = next(iter(queue), None)
+        for place in ("waiting", "receiving"):
+            stalest = next(iter(self.places[place]), None)
             if stalest is not None and stalest is not connection:
-                metrics.CONNECTIONS_SHED.labels(state).inc()
+                metrics.CONNECTIONS_SHED.labels(place).inc()
                 self.close(stalest)
                 stalest.transport.close()
                 return True
         metrics.CONNECTIONS_SHED.labels("new").inc()
         self.close(connection)
-        return False
-
-    def _forget(self, connection: GuardedHttpProtocol) -> bool:
-        """Take ``connection`` out; whether it was in."""
-        for queue in (self.waiting, self.receiving):
-            if connection in queue:
-                del queue[connection]
-                return True
-        if connection in self.answering:
-            self.answering.remove(connection)
-            return True
         return False
 
 
@@ -162,13 +151,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if book is None:
             book = _BOOKS[self.server_state] = ConnectionBook()
         self.book = book
+        self.book_place: str | None = None  # where in the book (None: not, or no longer, counted)
         # The head's deadline, or, after an early answer, the deadline for the rest of the body.
         self.deadline: asyncio.TimerHandle | None = None
         self.head_open = True  # the next bytes belong to a request head (none of it complete yet)
         self.head_started = False  # some of that head has arrived (a 408 then, not a silent close)
-        self.head_fed = 0  # bytes read while the head stayed unfinished (httptools' costly case)
-        self.head_bytes = 0  # request target and header fields as parsed
-        self.field_count = 0
+        self.head_fed = 0  # bytes of whole chunks read while the head stayed unfinished
+        self.chunk_len = 0  # this chunk's, if the head began with it (else more than the limit: count)
         self.refusal: tuple[int, str, str] | None = None
         self.drain_left: int | None = None  # bytes still taken of an answered request's body (None: none)
 
@@ -195,6 +184,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return
         self._unset_keepalive_if_required()
         whole_chunk_is_head = self.head_open
+        self.chunk_len = len(data) if whole_chunk_is_head else self.limits.max_header_bytes + 1
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -219,9 +209,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             # An unfinished header reaches no callback: count it by the bytes read. (A chunk in which the
             # previous request ended is not counted: it is at most one read.)
             self.head_fed += len(data)
-            if self.head_fed > self.limits.max_header_bytes:
-                self._refuse(*self._too_large())
-                return
+        refusal = self._too_large()
+        if refusal is not None:
+            self._refuse(*refusal)
+            return
         if self.deadline is None:  # a deadline from the head's first chunk, however it trickles in
             self.deadline = self.loop.call_later(self.limits.header_timeout, self._head_timed_out)
 
@@ -229,28 +220,24 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self.head_started = True
-        self.head_fed = self.head_bytes = self.field_count = 0
-
-    def on_url(self, url: bytes) -> None:
-        self.head_bytes += len(url)
-        if self.head_bytes > self.limits.max_header_bytes:
-            self.refusal = (414, "uri_too_long", self._over("request target", "DBF_MAX_HEADER_BYTES"))
-            raise _Refused
-        super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.head_bytes += len(name) + len(value) + 4  # ": " and CRLF
-        self.field_count += 1
-        if self.head_bytes > self.limits.max_header_bytes or self.field_count > self.limits.max_header_count:
-            self.refusal = self._too_large()
-            raise _Refused
-        super().on_header(name, value)
+        self.head_fed = 0
 
     def on_headers_complete(self) -> None:
+        limits = self.limits
+        # The head is at most the chunks read for it: only when those could exceed the limit are its
+        # fields counted (a few hundred bytes for most clients: nothing to count).
+        if (
+            self.head_fed + self.chunk_len > limits.max_header_bytes
+            or len(self.headers) > limits.max_header_count
+        ):
+            refusal = self._too_large()
+            if refusal is not None:
+                self.refusal = refusal
+                raise _Refused
         self._cancel_deadline()
         self.head_open = self.head_started = False
         super().on_headers_complete()
-        self.book.receive(self)
+        self.book.move(self, "receiving")
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -258,9 +245,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self.drain_left is not None:  # the body answered early is all in: on to the next request
             self.drain_left = None
             self._cancel_deadline()
-            self.book.wait(self)
+            self.book.move(self, "waiting")
         elif not self.cycle.response_complete:
-            self.book.answer(self)
+            self.book.move(self, "answering")
 
     def on_response_complete(self) -> None:
         body_unread = self.cycle.more_body
@@ -268,7 +255,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self.transport.is_closing():  # Connection: close (on a 413, see ConnectionAnswers)
             return
         if not self.cycle.response_complete:  # a pipelined request, all in, has just been started
-            self.book.answer(self)
+            self.book.move(self, "answering")
         elif body_unread:
             # Answered before its body was in (401, 415, 503 overloaded...): uvicorn reads the rest and
             # discards it, which keeps the connection usable and lets a client still sending read the
@@ -276,9 +263,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             # But within limits: at most DBF_MAX_BODY_BYTES more, within DBF_IDLE_TIMEOUT_SECONDS.
             self.drain_left = self.limits.max_body_bytes
             self.deadline = self.loop.call_later(self.timeout_keep_alive, self._drain_timed_out)
-            self.book.receive(self)
+            self.book.move(self, "receiving")
         else:  # kept alive: waiting for the next request
-            self.book.wait(self)
+            self.book.move(self, "waiting")
 
     # --- refusals -----------------------------------------------------------------------------------
     def _head_timed_out(self) -> None:
@@ -298,15 +285,30 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.deadline = None
         self.transport.close()
 
-    def _too_large(self) -> tuple[int, str, str]:
-        if self.field_count > self.limits.max_header_count:
-            message = f"more than {self.limits.max_header_count} header fields (DBF_MAX_HEADER_COUNT)"
-        else:
-            message = self._over("request head", "DBF_MAX_HEADER_BYTES")
-        return 431, "headers_too_large", message
-
-    def _over(self, what: str, setting: str) -> str:
-        return f"{what} over {self.limits.max_header_bytes} bytes ({setting})"
+    def _too_large(self) -> tuple[int, str, str] | None:
+        """The refusal of a head that breaks a limit (None if it keeps them)."""
+        limits = self.limits
+        url, fields = (self.url, self.headers) if self.head_started else (b"", [])
+        if len(url) > limits.max_header_bytes:
+            return (
+                414,
+                "uri_too_long",
+                f"request target over {limits.max_header_bytes} bytes (DBF_MAX_HEADER_BYTES)",
+            )
+        if len(fields) > limits.max_header_count:
+            return (
+                431,
+                "headers_too_large",
+                f"more than {limits.max_header_count} header fields (DBF_MAX_HEADER_COUNT)",
+            )
+        size = len(url) + sum(len(name) + len(value) + 4 for name, value in fields)  # ": " and CRLF
+        if max(size, self.head_fed) > limits.max_header_bytes:
+            return (
+                431,
+                "headers_too_large",
+                f"request head over {limits.max_header_bytes} bytes (DBF_MAX_HEADER_BYTES)",
+            )
+        return None
 
     def _refuse(self, status: int, reason: str, message: str) -> None:
         """Answer ``status`` in the error format and close: the rest of what the client sends is not read."""

@@ -42,16 +42,7 @@ def head(dim: int, width: int, *, declared: int = 10, bias: float = 0.0) -> byte
         helper.make_node("Concat", ["rows", "columns"], ["shape"], axis=0),
         helper.make_node("Reshape", ["shifted", "shape"], ["evidence"]),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "head",
-        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["N", dim])],
-        [helper.make_tensor_value_info("evidence", TensorProto.FLOAT, ["N", declared])],
-        initializer=[weights, shift, *constants],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model.SerializeToString()
+    return onnx_head(nodes, [weights, shift, *constants], dim=dim, classes=declared)
 
 
 def any_dim_head(dim: int, classes: int = 10) -> bytes:
@@ -66,12 +57,17 @@ def any_dim_head(dim: int, classes: int = 10) -> bytes:
         helper.make_node("Mul", ["total", "zeros"], ["nothing"]),
         helper.make_node("Add", ["nothing", "ones"], ["evidence"]),
     ]
+    return onnx_head(nodes, constants, dim=dim, classes=classes)
+
+
+def onnx_head(nodes: list, initializers: list, *, dim: int, classes: int) -> bytes:
+    """A head's ONNX file: ``nodes`` from 'features' (N, ``dim``) to 'evidence' declared (N, ``classes``)."""
     graph = helper.make_graph(
         nodes,
         "head",
         [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["N", dim])],
         [helper.make_tensor_value_info("evidence", TensorProto.FLOAT, ["N", classes])],
-        initializer=constants,
+        initializer=initializers,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
