@@ -26,6 +26,15 @@ DATASOURCES = DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.
 # that hang up before sending their whole body, and refused reloads (DBFModelReloadFailed watches
 # dbf_model_reloads_total, which counts the directory watcher's refusals too).
 UNALERTED_REASONS = {"not_found", "method_not_allowed", "http_error", "client_disconnected", "reload_failed"}
+# Refused at the connection level (service/server.py): scanners, floods and broken networks more than broken
+# integrations, and a deploy's shutdown; dbf_errors_total and dbf_connections_shed_total show them.
+UNALERTED_REASONS |= {
+    "malformed_request",
+    "headers_too_large",
+    "uri_too_long",
+    "header_timeout",
+    "shutting_down",
+}
 
 
 def exposed_names() -> set[str]:
