@@ -21,7 +21,6 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import httpx
-import pytest
 
 from tests.service.conftest import running_service, service_process
 from tests.service.test_hardening import HANDWRITTEN, random_samples
@@ -393,13 +392,3 @@ def test_an_upload_cut_by_the_end_of_the_graceful_shutdown_gets_a_503():
         assert (status, error["type"]) == (503, "shutting_down"), error
         assert headers["content-type"] == "application/json"
         assert proc.wait(timeout=30) == 0
-
-
-@pytest.mark.parametrize("key", ["", "  "])
-def test_an_empty_api_key_refuses_to_start(key):
-    from tests.service.conftest import start_and_fail
-
-    done = start_and_fail("--model-dir", HANDWRITTEN, env={"DBF_API_KEY": key})
-    assert done.returncode != 0
-    assert "DBF_API_KEY: Value error, set but empty" in done.stderr, done.stderr
-    assert "Traceback" not in done.stderr

@@ -1,5 +1,6 @@
 """What a careless operator (or a broken export) gets past the checksums: models that load but misbehave,
-manifest numbers out of range. Each is refused at start-up and at reload (409), naming the file."""
+manifest numbers out of range, an empty API key. Each is refused at start-up (and at reload, 409), naming
+the file or the variable."""
 
 from __future__ import annotations
 
@@ -186,3 +187,12 @@ def test_misbehaving_models_are_refused_at_reload_naming_the_file(tmp_path):
             assert error["type"] == "reload_failed"
             assert str(root / "handwritten" / file.name) in error["message"] and message in error["message"]
             assert httpx.post(url + "/predict", json=BODY).json() == before
+
+
+@pytest.mark.parametrize("key", ["", "  "])
+def test_an_empty_api_key_refuses_to_start(key):
+    """Set but empty: locking everyone out, or letting everyone in? Neither: it says so and stops."""
+    done = start_and_fail("--model-dir", str(MODELS / "handwritten"), env={"DBF_API_KEY": key})
+    assert done.returncode != 0
+    assert "DBF_API_KEY: Value error, set but empty" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
