@@ -113,24 +113,24 @@ class ConnectionBook:
             metrics.OPEN_CONNECTIONS.dec()
 
     def admit(self, connection: GuardedHttpProtocol, limit: int) -> bool:
-        """Count ``connection`` in (waiting for its request); over ``limit``, close the stalest other one.
-        False if there is none to close: ``connection`` itself is then refused."""
+        """Count ``connection`` in (waiting for its request), at ``limit`` first closing the stalest other
+        one; False if there is none to close (all are being answered): ``connection`` is then refused."""
+        if self.count >= limit:
+            for place in ("waiting", "receiving"):
+                stalest = next(iter(self.places[place]), None)
+                if stalest is not None:
+                    metrics.CONNECTIONS_SHED.labels(place).inc()
+                    self.close(stalest)
+                    stalest.transport.close()
+                    break
+            else:
+                metrics.CONNECTIONS_SHED.labels("new").inc()
+                return False
         self.places["waiting"][connection] = None
         connection.book_place = "waiting"
         self.count += 1
         metrics.OPEN_CONNECTIONS.inc()
-        if self.count <= limit:
-            return True
-        for place in ("waiting", "receiving"):
-            stalest = next(iter(self.places[place]), None)
-            if stalest is not None and stalest is not connection:
-                metrics.CONNECTIONS_SHED.labels(place).inc()
-                self.close(stalest)
-                stalest.transport.close()
-                return True
-        metrics.CONNECTIONS_SHED.labels("new").inc()
-        self.close(connection)
-        return False
+        return True
 
 
 # One book per uvicorn server (in practice: per worker process), found from the state its protocols share.

@@ -60,10 +60,12 @@ class Settings(BaseSettings):
     header_timeout_seconds: float = Field(
         default=10.0, gt=0, description="a request head's time to arrive in full, from its first byte; 408"
     )
-    # uvicorn's keep-alive timeout, and before the first request too. Behind a proxy that keeps upstream
-    # connections alive, set it above the proxy's idle timeout (else the proxy may reuse a closing one).
+    # uvicorn's keep-alive timeout (5 s there), and before the first request too. Longer than common
+    # clients' pool expiry (httpx: 5 s), so that a client drops an idle connection before the service
+    # closes it, rather than reuse it just as it closes (a failed request: seen with 5 s on both sides).
+    # Behind a proxy that keeps upstream connections alive, set it above the proxy's idle timeout too.
     idle_timeout_seconds: float = Field(
-        default=5.0, gt=0, description="a connection waiting for a request is closed after this"
+        default=15.0, gt=0, description="a connection waiting for a request is closed after this"
     )
     max_connections: int = Field(
         default=1024, ge=1, description="open connections; over it the stalest idle one is closed"
