@@ -26,14 +26,16 @@ _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Every number finite: an Infinity or NaN (JSON has neither, but parsers take them) loads, then breaks
+    # every request that uses it.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ViewEntry(_Strict):
     """One view's head: its ONNX file maps raw features ``(N, dim)`` float32 to evidence ``(N, K)``."""
 
     name: str = Field(pattern=_NAME, description="the view's name, the key clients send its features under")
-    dim: int = Field(ge=1, description="feature dimension")
+    dim: int = Field(ge=1, description="feature dimension (the service takes at most DBF_MAX_VIEW_DIM)")
     file: str = Field(
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*\.onnx$", description="ONNX file beside the manifest"
     )
@@ -42,9 +44,9 @@ class ViewEntry(_Strict):
 
 class FusionDefaults(_Strict):
     method: Method = "dbf"
-    lam: float = Field(default=1.0, gt=0, alias="lambda", description="DBF's lambda")
+    lam: float = Field(default=1.0, gt=0, alias="lambda", description="DBF's lambda, positive and finite")
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True)
 
 
 class FlagRates(_Strict):
@@ -65,7 +67,7 @@ class ConflictFlag(_Strict):
     score: Literal["uncertainty", "max_conflict"]
     threshold: float = Field(ge=0, le=1)
     target_false_positive_rate: float = Field(gt=0, lt=1)
-    validation_auroc: dict[Literal["uncertainty", "max_conflict"], float]
+    validation_auroc: dict[Literal["uncertainty", "max_conflict"], Annotated[float, Field(ge=0, le=1)]]
     validation: FlagRates
     test: FlagRates
 

@@ -12,13 +12,21 @@ import tempfile
 from pathlib import Path
 
 import uvicorn
+from pydantic import ValidationError
 
 from service.repository import ModelLoadError, load_repository
+from service.server import uvicorn_options
 from service.settings import Settings
 
 
 def main(argv: list[str] | None = None) -> None:
-    defaults = Settings()
+    try:
+        defaults = Settings()
+    except ValidationError as error:  # e.g. an empty DBF_API_KEY: say which variable, not a traceback
+        problems = "; ".join(
+            f"DBF_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in error.errors()
+        )
+        sys.exit(f"error: invalid settings: {problems}")
     parser = argparse.ArgumentParser(prog="python -m service", description=__doc__)
     parser.add_argument("--host", default=defaults.host)
     parser.add_argument("--port", type=int, default=defaults.port)
@@ -58,13 +66,14 @@ def main(argv: list[str] | None = None) -> None:
     for stop in (signal.SIGTERM, signal.SIGINT):
         signal.signal(stop, _exit_cleanly)
     uvicorn.run(
-        "service.app:app_from_environment",
+        "service.server:application",
         factory=True,
         host=args.host,
         port=args.port,
         workers=args.workers,
         log_level=args.log_level,
         timeout_graceful_shutdown=defaults.graceful_shutdown_seconds,
+        **uvicorn_options(defaults),  # connection-level limits: header size, timeouts, connection cap
     )
 
 

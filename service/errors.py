@@ -24,6 +24,12 @@ REASONS = (
     "http_error",
     "client_disconnected",
     "internal_error",
+    # Answered at the connection level (service/server.py).
+    "malformed_request",
+    "headers_too_large",
+    "uri_too_long",
+    "header_timeout",
+    "shutting_down",
 )
 
 

@@ -45,15 +45,16 @@ class ModelSignature:
         return [view.name for view in self.views]
 
     @cached_property
-    def view_layout(self) -> tuple[tuple[str, int, list[float]], ...]:
-        """Per view in order: its name, its dimension and that many zeros (a view not sent)."""
-        return tuple((view.name, view.dim, [0.0] * view.dim) for view in self.views)
+    def view_layout(self) -> tuple[tuple[str, int], ...]:
+        """Per view in order: its name and its dimension."""
+        return tuple((view.name, view.dim) for view in self.views)
 
 
 @dataclass(frozen=True)
 class InferenceRequest:
-    """A validated request: features per view ``(N, dim)`` float32 (zeros where missing), presence ``(N, V)``,
-    the fusion asked for, and the coverage of its prediction sets (the model's default for None)."""
+    """A validated request: presence ``(N, V)``, the features of each view ``(samples that have it, dim)``
+    float32 (in sample order: an absent view takes no room), the fusion asked for, and the coverage of its
+    prediction sets (the model's default for None)."""
 
     features: dict[str, np.ndarray]
     present: np.ndarray

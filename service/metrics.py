@@ -50,6 +50,14 @@ BATCH_SIZE = Histogram(
 REQUEST_SECONDS = Histogram("dbf_request_duration_seconds", "Predict request latency.", ["model"])
 ERRORS = Counter("dbf_errors", "Error responses by reason.", ["reason"])
 RELOADS = Counter("dbf_model_reloads", "Model repository reloads, by outcome.", ["outcome"])
+# Connection level (service/server.py).
+OPEN_CONNECTIONS = Gauge("dbf_open_connections", "Open HTTP connections.", multiprocess_mode="livesum")
+CONNECTIONS_SHED = Counter(
+    "dbf_connections_shed",
+    "Connections closed to stay within DBF_MAX_CONNECTIONS, by what they were doing: waiting for a request, "
+    "receiving its body, or new (refused: every other connection was being answered).",
+    ["state"],
+)
 # Gauges say how worker processes combine (PROMETHEUS_MULTIPROC_DIR, set by `python -m service --workers N`).
 MODEL_INFO = Gauge(
     "dbf_model_info",
@@ -95,6 +103,8 @@ def initialise(
         ERRORS.labels(reason=reason)
     for outcome in ("success", "failure"):
         RELOADS.labels(outcome)
+    for state in ("waiting", "receiving", "new"):
+        CONNECTIONS_SHED.labels(state)
 
 
 _DESCRIBED: set[tuple[str, str, str]] = set()  # this process's dbf_model_info series at 1

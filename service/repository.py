@@ -11,11 +11,13 @@ import hashlib
 import io
 import logging
 import math
+import os
 import stat
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+import numpy as np
 import onnxruntime
 from pydantic import ValidationError
 
@@ -81,23 +83,58 @@ class Repository:
 
 
 def repository_fingerprint(model_dir: Path) -> tuple:
-    """What changes when any file under ``model_dir`` is added, removed, replaced or rewritten."""
-    fingerprint = []
-    for path in sorted(model_dir.rglob("*")):
+    """What changes when anything the loader reads is added, removed, replaced or rewritten: the entries of
+    ``model_dir`` and of its folders (a model's files), symlinks followed.
+
+    A symlink counts by where it points and by what it points to (its target's inode, size and time), so
+    that adding a symlinked model, swapping a link atomically (``ln -sfn v2 tmp && mv -T tmp current``, of
+    a model or of ``model_dir`` itself) and editing a file behind a link are all seen. Two levels deep and
+    each folder once: a symlink loop ends there. Hidden entries are not read (:func:`find_manifests`).
+    """
+    fingerprint: list[tuple] = [("", os.path.realpath(model_dir))]
+    folders_seen: set[tuple[int, int]] = set()
+
+    def look(folder: Path, depth: int) -> None:
         try:
-            info = path.stat()
-        except FileNotFoundError:  # removed while we looked: the next look sees what is left
-            continue
-        if stat.S_ISREG(info.st_mode):
-            fingerprint.append((str(path), info.st_mtime_ns, info.st_size, info.st_ino))
+            info = folder.stat()
+            entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+        except OSError:  # removed (or swapped) while we looked: the next look sees what is there
+            return
+        if (info.st_dev, info.st_ino) in folders_seen:
+            return
+        folders_seen.add((info.st_dev, info.st_ino))
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            try:
+                info = entry.stat()  # of the target, for a symlink
+                link = os.readlink(entry.path) if entry.is_symlink() else None
+            except OSError:  # a broken link, or gone
+                continue
+            fingerprint.append(
+                (
+                    entry.path,
+                    link,
+                    stat.S_IFMT(info.st_mode),
+                    info.st_dev,
+                    info.st_ino,
+                    info.st_mtime_ns,
+                    info.st_size,
+                )
+            )
+            if depth > 1 and stat.S_ISDIR(info.st_mode):
+                look(Path(entry.path), depth - 1)
+
+    look(model_dir, 2)
     return tuple(fingerprint)
 
 
 def find_manifests(model_dir: Path) -> list[Path]:
-    """``model_dir/manifest.json`` if it is one model, else ``model_dir/*/manifest.json``, sorted."""
+    """``model_dir/manifest.json`` if it is one model, else ``model_dir/*/manifest.json``, sorted; hidden
+    folders (staging, ``..data`` of a Kubernetes volume) are not models."""
     if (model_dir / "manifest.json").is_file():
         return [model_dir / "manifest.json"]
-    return sorted(model_dir.glob("*/manifest.json"))
+    return sorted(path for path in model_dir.glob("*/manifest.json") if not path.parent.name.startswith("."))
 
 
 def read_manifest(path: Path) -> tuple[Manifest, dict[str, bytes]]:
@@ -126,12 +163,21 @@ def read_manifest(path: Path) -> tuple[Manifest, dict[str, bytes]]:
 
 def load_repository(settings: Settings) -> Repository:
     """Verify and load every model under ``settings.model_dir``; :class:`ModelLoadError` on any fault."""
-    paths = find_manifests(settings.model_dir)
+    # Each model read from where its folder leads now: a symlink swapped while we read cannot mix versions.
+    paths = [path.parent.resolve() / path.name for path in find_manifests(settings.model_dir)]
     if not paths:
         raise ModelLoadError(
             f"{settings.model_dir}: no manifest.json (neither a model nor a repository of them)"
         )
     manifests = [(path, *read_manifest(path)) for path in paths]  # verify everything before loading anything
+    for path, manifest, _ in manifests:
+        for view in manifest.views:
+            if view.dim > settings.max_view_dim:
+                # An absent view is sent to its head as zeros: rows x dim of them, per request.
+                raise ModelLoadError(
+                    f"{path}: view {view.name!r} has dim {view.dim}; at most {settings.max_view_dim} "
+                    "are served (DBF_MAX_VIEW_DIM)"
+                )
     _, first_manifest, first_bytes = manifests[0]
     use_cuda = _cuda_usable(first_bytes[first_manifest.views[0].name])
     if settings.require_gpu and not use_cuda:
@@ -147,6 +193,7 @@ def load_repository(settings: Settings) -> Repository:
             file = path.parent / view.file
             session = _session(file, verified[view.name], settings, use_cuda)
             _check_signature(session, file, view.dim, len(manifest.classes))
+            _check_probe(session, file, view.dim, len(manifest.classes))
             sessions[view.name] = session
             providers[view.name] = session.get_providers()[0]
         models[manifest.name] = LoadedModel(
@@ -218,3 +265,23 @@ def _check_signature(session: onnxruntime.InferenceSession, file: Path, dim: int
         raise ModelLoadError(f"{file}: input is {inp.type} {inp.shape}, manifest says float32 (N, {dim})")
     if len(out.shape) != 2 or out.shape[1] != classes:
         raise ModelLoadError(f"{file}: output is {out.shape}, manifest says (N, {classes})")
+
+
+def _check_probe(session: onnxruntime.InferenceSession, file: Path, dim: int, classes: int) -> None:
+    """Run the head on a batch of zeros, as an absent view is sent to it: a graph whose declared shapes
+    say (N, K) but whose real output is narrower (broadcast silently) or wider (an error on every request),
+    that takes no batch of two, or that gives negative or non-finite evidence, is refused here, not served."""
+    probe = np.zeros((2, dim), dtype=np.float32)
+    try:
+        [evidence] = session.run(["evidence"], {"features": probe})
+    except Exception as error:  # onnxruntime raises its own exception types
+        raise ModelLoadError(f"{file}: fails on a probe batch of 2 samples of zeros: {error}") from error
+    if evidence.shape != (2, classes):
+        raise ModelLoadError(
+            f"{file}: gives evidence of shape {evidence.shape} for 2 samples; manifest says (2, {classes})"
+        )
+    if not np.isfinite(evidence).all() or (evidence < 0).any():
+        raise ModelLoadError(
+            f"{file}: gives negative or non-finite evidence for features of zeros (an absent view's): "
+            f"{evidence[0, :8].tolist()}{' ...' if classes > 8 else ''}"
+        )

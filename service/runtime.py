@@ -25,9 +25,9 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
                 ["evidence"], {"features": request.features[view.name]}
             )[0]
             continue
-        rows = request.present[:, v]
+        rows = request.present[:, v]  # the view's features are those rows' only
         if rows.any():
-            features = request.features[view.name] if rows.all() else request.features[view.name][rows]
+            features = request.features[view.name]
             evidence[rows, v] = model.sessions[view.name].run(["evidence"], {"features": features})[0]
     finite = np.isfinite(evidence).all(-1)
     if not finite.all():  # features in float32's range can still overflow a head (inf - inf in its matmul)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -38,6 +38,11 @@ class Settings(BaseSettings):
     )
     # Load shedding: requests past this many in flight (queued or running) get 503 + Retry-After at once,
     # rather than waiting in an unbounded queue until their clients time out.
+    # The largest view a model may declare: a request that leaves a view out has it sent as zeros, up to
+    # DBF_MAX_SAMPLES x this many float32 per view (256 MiB at the defaults).
+    max_view_dim: int = Field(
+        default=65536, ge=1, description="a manifest's largest view dim; more refuses it"
+    )
     max_in_flight: int = Field(default=64, ge=1, description="concurrent predict requests; more is a 503")
     retry_after_seconds: int = Field(default=1, ge=0, description="Retry-After of a load-shedding 503")
     # Micro-batching (service/batching.py): concurrent requests for the same model and fusion run together.
@@ -47,6 +52,8 @@ class Settings(BaseSettings):
     # Hot reload: POST /v1/admin/reload, or a poll of the model directory every this many seconds (0: off).
     reload_poll_seconds: float = Field(default=0.0, ge=0)
     # Bearer token for predict, model and admin endpoints; /health, /ready and /metrics stay open.
+    # Set but empty (``DBF_API_KEY=``, or a secret that did not materialise) refuses to start: treating it
+    # as unset would open the endpoints an operator meant to close, as a key would lock everyone out.
     api_key: SecretStr | None = None
     require_gpu: bool = Field(default=False, description="refuse to start unless CUDA really runs the heads")
     # Each view's onnxruntime session gets one thread and no spinning: the heads are small matrix products,
@@ -58,3 +65,28 @@ class Settings(BaseSettings):
     graceful_shutdown_seconds: float = Field(
         default=30.0, gt=0, description="in-flight requests' time to finish"
     )
+    # Connection-level limits (service/server.py), per worker process.
+    max_header_bytes: int = Field(
+        default=32 * 1024, ge=1024, description="request line and header fields; more is a 431 (or 414)"
+    )
+    max_header_count: int = Field(default=100, ge=1, description="header fields per request; more is a 431")
+    header_timeout_seconds: float = Field(
+        default=10.0, gt=0, description="a request head's time to arrive in full, from its first byte; 408"
+    )
+    # uvicorn's keep-alive timeout (5 s there), and before the first request too. Longer than common
+    # clients' pool expiry (httpx: 5 s), so that a client drops an idle connection before the service
+    # closes it, rather than reuse it just as it closes (a failed request: seen with 5 s on both sides).
+    # Behind a proxy that keeps upstream connections alive, set it above the proxy's idle timeout too.
+    idle_timeout_seconds: float = Field(
+        default=15.0, gt=0, description="a connection waiting for a request is closed after this"
+    )
+    max_connections: int = Field(
+        default=1024, ge=1, description="open connections; over it the stalest idle one is closed"
+    )
+
+    @field_validator("api_key")
+    @classmethod
+    def _api_key_not_blank(cls, key: SecretStr | None) -> SecretStr | None:
+        if key is not None and not key.get_secret_value().strip():
+            raise ValueError("set but empty: give it a key, or unset it to leave the endpoints open")
+        return key

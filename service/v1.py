@@ -140,18 +140,18 @@ def _parse_fast(body: bytes, signature: ModelSignature, max_samples: int) -> Inf
         method, lam, coverage = _options(options, signature)
     except InvalidInput:
         return None
-    # All the samples' values in one list, view after view in the manifest's order (zeros for a view not
-    # sent), converted a block of samples at a time: one numpy call per block rather than one per view.
+    # The values of all the views sent in one list, sample after sample and view after view in the manifest's
+    # order, converted a block of samples at a time: one numpy call per block rather than one per view. A
+    # view not sent takes no room (at its dimension, zeros for it could take more than the body).
     layout, absent, blocks = signature.view_layout, [], []
     for start in range(0, len(samples), _BLOCK_SAMPLES):
         flat: list[float] = []
         for i, sample in enumerate(samples[start : start + _BLOCK_SAMPLES], start):
             views, found = sample.views, 0
-            for v, (name, dim, zeros) in enumerate(layout):
+            for v, (name, dim) in enumerate(layout):
                 values = views.get(name)
                 if values is None:
                     absent.append((i, v))
-                    flat += zeros
                 elif len(values) != dim:
                     return None
                 else:
@@ -168,15 +168,28 @@ def _parse_fast(body: bytes, signature: ModelSignature, max_samples: int) -> Inf
         total = np.add.reduce(values)
     if not math.isfinite(total):
         return None
-    values = values.reshape(len(samples), -1)
     present = np.ones((len(samples), len(layout)), dtype=bool)
     if absent:
         present[tuple(np.array(absent).T)] = False
-    features, start = {}, 0
-    for name, dim, _ in layout:
-        features[name] = np.ascontiguousarray(values[:, start : start + dim])  # a view when N is 1
-        start += dim
-    return InferenceRequest(features, present, method, lam, coverage)
+    return InferenceRequest(_views_of(values, present, layout), present, method, lam, coverage)
+
+
+def _views_of(values: np.ndarray, present: np.ndarray, layout: tuple) -> dict[str, np.ndarray]:
+    """Each view's rows ``(samples that have it, dim)`` out of the sent values, laid out sample by sample."""
+    dims = np.array([dim for _, dim in layout])
+    if present.all():  # the common case: every row as long, each view a column range
+        rows, features, start = values.reshape(len(present), -1), {}, 0
+        for (name, _), end in zip(layout, np.cumsum(dims), strict=True):
+            features[name] = np.ascontiguousarray(rows[:, start:end])  # a copy: a view when N is 1
+            start = end
+        return features
+    # Where each sent view starts in ``values``: the sizes of the views sent before it, in sending order.
+    sizes = np.where(present, dims, 0).ravel()
+    starts = (np.cumsum(sizes) - sizes).reshape(present.shape)
+    return {
+        name: values[starts[present[:, v], v][:, None] + np.arange(dim)]
+        for v, (name, dim) in enumerate(layout)
+    }
 
 
 def _parse_strict(body: bytes, signature: ModelSignature, max_samples: int) -> InferenceRequest:
@@ -215,12 +228,10 @@ def _parse_strict(body: bytes, signature: ModelSignature, max_samples: int) -> I
                 raise InvalidInput(f"samples[{i}].views: unknown view {name!r}; this model has {list(index)}")
             present[i, index[name]] = True
             rows[name].append(_vector(values, views[index[name]].dim, f"samples[{i}].views.{name}"))
-    features = {}
-    for v, view in enumerate(views):
-        full = np.zeros((len(samples), view.dim), dtype=np.float32)
-        if rows[view.name]:
-            full[present[:, v]] = np.stack(rows[view.name])
-        features[view.name] = full
+    features = {
+        view.name: np.stack(rows[view.name]) if rows[view.name] else np.empty((0, view.dim), np.float32)
+        for view in views
+    }
     return InferenceRequest(features, present, method, lam, coverage)
 
 

@@ -116,7 +116,7 @@ def decode(
         raise InvalidInput(f"{len(binary) - offset} bytes of binary data after the last binary input")
     if n is None:
         raise InvalidInput(f"no inputs: send at least one of {list(index)}")
-    features = {view.name: arrays.get(view.name, np.zeros((n, view.dim), np.float32)) for view in views}
+    features = {view.name: arrays.get(view.name, np.empty((0, view.dim), np.float32)) for view in views}
     present = np.zeros((n, len(views)), dtype=bool)
     for name in arrays:
         present[:, index[name]] = True

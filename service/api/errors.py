@@ -14,7 +14,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from service import metrics
-from service.errors import PayloadTooLarge, RequestTimeout, ServiceError
+from service.errors import ServiceError
 
 log = logging.getLogger("dbf.errors")
 
@@ -22,11 +22,11 @@ V2_PREFIX = "/v2"
 
 
 def error_response(
-    request: Request, status: int, type_: str, message: str, headers: dict[str, str] | None = None
+    path: str, status: int, type_: str, message: str, headers: dict[str, str] | None = None
 ) -> Response:
-    """The error answer in the request's protocol, counted by reason."""
+    """The error answer in the protocol of a request for ``path``, counted by reason."""
     metrics.ERRORS.labels(reason=type_).inc()
-    if request.scope.get("path", "").startswith(V2_PREFIX):
+    if path.startswith(V2_PREFIX):
         body = orjson.dumps({"error": message})
     else:
         body = orjson.dumps({"error": {"type": type_, "message": message}})
@@ -38,33 +38,33 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(ServiceError)
     async def _domain(request: Request, error: ServiceError) -> Response:
-        headers = error.headers
-        if isinstance(error, PayloadTooLarge | RequestTimeout):
-            # The rest of the body is not read: the connection cannot carry another request after it.
-            headers = {**(headers or {}), "Connection": "close"}
-        return error_response(request, error.status, error.type, error.message, headers)
+        return error_response(_path(request), error.status, error.type, error.message, error.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, error: RequestValidationError) -> Response:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first.get("loc", ()))
-        return error_response(request, 400, "invalid_input", f"{where}: {first.get('msg', 'invalid')}")
+        return error_response(_path(request), 400, "invalid_input", f"{where}: {first.get('msg', 'invalid')}")
 
     @app.exception_handler(ClientDisconnect)
     async def _gone(request: Request, error: ClientDisconnect) -> Response:
         # The client left before sending its whole body: nobody reads this answer (499, as nginx logs it),
         # but it is counted, and it is no bug of ours.
         return error_response(
-            request, 499, "client_disconnected", "client disconnected before sending the body"
+            _path(request), 499, "client_disconnected", "client disconnected before sending the body"
         )
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, error: Exception) -> Response:
         # A bug, never an input's fault: log it once with its traceback, count it, answer in the one format.
         log.exception("unexpected error")
-        return error_response(request, 500, "internal_error", "internal error; see the service log")
+        return error_response(_path(request), 500, "internal_error", "internal error; see the service log")
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, error: HTTPException) -> Response:
         type_ = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "http_error")
-        return error_response(request, error.status_code, type_, str(error.detail), error.headers)
+        return error_response(_path(request), error.status_code, type_, str(error.detail), error.headers)
+
+
+def _path(request: Request) -> str:
+    return request.scope.get("path", "")

@@ -34,6 +34,15 @@ UNALERTED_REASONS = {
     "request_timeout",
     "reload_failed",
 }
+# Refused at the connection level (service/server.py): scanners, floods and broken networks more than broken
+# integrations, and a deploy's shutdown; dbf_errors_total and dbf_connections_shed_total show them.
+UNALERTED_REASONS |= {
+    "malformed_request",
+    "headers_too_large",
+    "uri_too_long",
+    "header_timeout",
+    "shutting_down",
+}
 
 
 def exposed_names() -> set[str]:

@@ -19,6 +19,7 @@ import httpx
 import uvicorn
 
 from service.app import create_app
+from service.server import guarded, uvicorn_options
 from service.settings import Settings
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -33,6 +34,15 @@ def free_port() -> int:
 @contextmanager
 def running_service(*args: str, env: dict[str, str] | None = None, timeout: float = 60.0) -> Iterator[str]:
     """Run ``python -m service`` on a free loopback port until the block ends; yields its base URL."""
+    with service_process(*args, env=env, timeout=timeout) as (url, _):
+        yield url
+
+
+@contextmanager
+def service_process(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60.0
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """:func:`running_service`, yielding the process too (to signal it)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     # The log goes to a file, not a pipe: a pipe nobody reads fills up (access logs) and blocks the service.
@@ -57,7 +67,7 @@ def running_service(*args: str, env: dict[str, str] | None = None, timeout: floa
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"service did not answer on {url} within {timeout} s") from None
                     time.sleep(0.1)
-            yield url
+            yield url, proc
         finally:
             proc.terminate()
             try:
@@ -70,10 +80,12 @@ def running_service(*args: str, env: dict[str, str] | None = None, timeout: floa
 @contextmanager
 def serving(model_dir: Path = MODELS, **settings: object) -> Iterator[str]:
     """The app on uvicorn in a thread of this process, on a free loopback port, until the block ends; yields
-    its base URL. ``settings`` are :class:`~service.settings.Settings` fields (``max_samples=64``...)."""
-    app = create_app(Settings(model_dir=model_dir, log_level="warning", **settings))
+    its base URL. ``settings`` are :class:`~service.settings.Settings` fields (``max_samples=64``...). The
+    server is the one ``python -m service`` runs: the guarded protocol, the wrapped app."""
+    configured = Settings(model_dir=model_dir, log_level="warning", **settings)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    app, options = guarded(create_app(configured)), uvicorn_options(configured)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **options))
     thread = threading.Thread(target=server.run, name=f"uvicorn:{port}", daemon=True)
     thread.start()
     deadline = time.monotonic() + 60

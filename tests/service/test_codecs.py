@@ -320,4 +320,4 @@ def test_requests_concatenate_for_micro_batching():
     two, _ = v1.decode(b'{"samples": [{"views": {"b": [1, 2, 3]}}]}', {}, SIGNATURE, max_samples=8)
     both = InferenceRequest.concat([one, two])
     assert len(both) == 2 and both.present.tolist() == [[True, False], [False, True]]
-    assert both.features["b"].tolist() == [[0, 0, 0], [1, 2, 3]]
+    assert both.features["a"].tolist() == [[0.5, 0.25]] and both.features["b"].tolist() == [[1, 2, 3]]

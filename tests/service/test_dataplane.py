@@ -29,9 +29,12 @@ def request(
 ) -> InferenceRequest:
     model = REPOSITORY.get("handwritten")
     rng = np.random.default_rng(seed)
-    features = {v.name: (scale * rng.random((n, v.dim))).astype(np.float32) for v in model.signature.views}
-    present = rng.random((n, len(features))) < 0.8
+    present = rng.random((n, len(model.signature.views))) < 0.8
     present[:, 0] = True
+    features = {  # the rows of the samples that have the view
+        v.name: (scale * rng.random((int(present[:, i].sum()), v.dim))).astype(np.float32)
+        for i, v in enumerate(model.signature.views)
+    }
     return InferenceRequest(features, present, method, lam)
 
 

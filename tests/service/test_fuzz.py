@@ -141,3 +141,81 @@ def test_deep_and_odd_json_is_a_4xx(url):
     ):
         response = httpx.post(url + "/predict", content=raw, headers=headers)
         assert response.status_code == 400, (raw[:60], response.text)
+
+
+# --- request heads -----------------------------------------------------------------------------------------
+# Framing and the v2 header are issue 17's point 1 (parsed defensively where they are read); here: any other
+# header field, however odd its name or value, its count or its size.
+FRAMING = {
+    b"content-length",
+    b"transfer-encoding",
+    b"inference-header-content-length",
+    b"connection",
+    b"host",
+}
+TOKEN = st.text(
+    alphabet="!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", min_size=1
+)
+FIELD_NAMES = (TOKEN.map(str.encode) | st.binary(min_size=1, max_size=12)).filter(
+    lambda name: name.strip().lower() not in FRAMING
+)
+FIELD_VALUES = (
+    st.binary(max_size=40)
+    | st.text(max_size=40).map(lambda text: text.encode("utf-8"))
+    | st.sampled_from(
+        [
+            b"",
+            b" ",
+            b"\t",
+            b"a" * 40_000,
+            "é".encode("latin-1"),
+            b"\x00",
+            b"1\r\nX-Injected: 1",
+            b"\r\n\r\nGET / HTTP/1.1",
+        ]
+    )
+)
+BODY = json.dumps(VALID).encode()
+
+
+def _one_answer(conn) -> bytes:
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return answer
+        answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    length = next(
+        (int(f.split(b":")[1]) for f in head.lower().split(b"\r\n") if f.startswith(b"content-length:")), 0
+    )
+    while len(body) < length and (chunk := conn.recv(65536)):
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
+@given(
+    target=st.sampled_from([b"GET /health", b"GET /v1/models", b"POST /predict"]),
+    fields=st.lists(st.tuples(FIELD_NAMES, FIELD_VALUES), max_size=120),
+)
+@settings(max_examples=150, suppress_health_check=list(HealthCheck), deadline=None)
+def test_odd_header_fields_get_an_answer_never_a_5xx(url, target, fields):
+    """Whatever the header fields, the answer is a 2xx, or a 4xx in the error format (a malformed head
+    included: 400 malformed_request); never a 5xx, a hang or a dropped connection."""
+    import socket
+
+    body = BODY if target.startswith(b"POST") else b""
+    head = target + b" HTTP/1.1\r\nHost: fuzz\r\nContent-Type: application/json\r\n"
+    head += b"".join(name + b": " + value + b"\r\n" for name, value in fields)
+    head += b"Content-Length: %d\r\n\r\n" % len(body)
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=15) as conn:
+        conn.sendall(head + body)
+        answer = _one_answer(conn)
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert status_line.startswith(b"HTTP/1.1 "), (head[:300], answer[:300])
+    status = int(status_line.split()[1])
+    assert status < 500, (head[:300], answer[:500])
+    if status >= 400:
+        error = json.loads(rest.partition(b"\r\n\r\n")[2])["error"]
+        assert set(error) == {"type", "message"} and error["type"] != "internal_error", error

@@ -4,6 +4,7 @@ one's place."""
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import time
 from pathlib import Path
@@ -126,3 +127,58 @@ def test_a_removed_model_is_no_longer_reported_by_any_worker(tmp_path, workers):
         assert metric(url, "dbf_model_reloads_total", outcome="success") >= 1
         assert metric(url, "dbf_model_info", model="handwritten", view="fac") == 1
         assert models(url) == ["handwritten"]
+
+
+def test_the_watcher_follows_symlinks_and_sees_atomic_swaps(tmp_path):
+    """The usual deploy: releases in their own folders, the repository (or a model in it) a symlink,
+    swapped atomically (``ln -sfn new tmp && mv -T tmp current``). A symlinked model added, a model's link
+    swapped, a file edited behind a link, the repository's own link swapped: each is seen and loaded; a
+    symlink loop does not hang the watcher."""
+    releases = tmp_path / "releases"
+    for release, name in (("handwritten-1", "handwritten"), ("handwritten-2", "handwritten"), ("pie", "pie")):
+        shutil.copytree(MODELS / name, releases / release)
+    set_default_lambda(releases / "handwritten-2", 2.0)
+    repository, current = tmp_path / "repository", tmp_path / "current"
+    repository.mkdir()
+    (repository / "handwritten").symlink_to(releases / "handwritten-1")
+    (repository / "loop").symlink_to(repository)
+    current.symlink_to(repository)
+
+    def swap(link: Path, target: Path) -> None:
+        staged = link.with_name(".staged-link")  # hidden: never taken for a model
+        staged.symlink_to(target)
+        staged.replace(link)  # mv -T: the link changes in one step
+
+    def default_lambda(url: str) -> float:
+        return httpx.get(url + "/v1/models/handwritten").json()["fusion"]["lambda"]
+
+    def eventually(check, what: str) -> None:
+        deadline = time.monotonic() + 15
+        while not check():
+            assert time.monotonic() < deadline, f"the watcher did not see {what}"
+            time.sleep(0.2)
+
+    with running_service("--model-dir", str(current), env={"DBF_RELOAD_POLL_SECONDS": "0.2"}) as url:
+        assert models(url) == ["handwritten"] and default_lambda(url) == 1.0
+        (repository / "pie").symlink_to(releases / "pie")
+        eventually(lambda: models(url) == ["handwritten", "pie"], "a symlinked model added")
+        swap(repository / "handwritten", releases / "handwritten-2")
+        eventually(lambda: default_lambda(url) == 2.0, "a model's symlink swapped")
+        set_default_lambda(releases / "handwritten-2", 3.0)
+        eventually(lambda: default_lambda(url) == 3.0, "a file edited behind a symlink")
+        other = tmp_path / "repository-2"
+        other.mkdir()
+        (other / "handwritten").symlink_to(releases / "handwritten-1")
+        swap(current, other)
+        eventually(
+            lambda: models(url) == ["handwritten"] and default_lambda(url) == 1.0, "the repository swapped"
+        )
+        assert metric(url, "dbf_model_reloads_total", outcome="failure") == 0
+
+
+def set_default_lambda(model: Path, lam: float) -> None:
+    """Rewrite ``model``'s manifest with another default lambda, in one step (written beside, renamed)."""
+    manifest = json.loads((model / "manifest.json").read_text())
+    manifest["fusion"]["lambda"] = lam
+    (model / ".manifest.json.new").write_text(json.dumps(manifest))
+    (model / ".manifest.json.new").replace(model / "manifest.json")

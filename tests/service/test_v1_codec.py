@@ -120,17 +120,25 @@ def test_too_many_samples_is_a_413_on_both_paths():
             parser(body, MODEL, 8)
 
 
-def test_missing_views_are_zero_rows_and_absent():
+def test_missing_views_are_absent_and_take_no_room():
+    """A view has rows for the samples that sent it only, in sample order: nothing is allocated for a view
+    not sent (zeros at its dimension could take more memory than the whole body)."""
     body = (
         b'{"samples": [{"views": {"mor": [1, 2, 3, 4, 5, 6]}}, {"views": {"kar": '
         + json.dumps([0.25] * 64).encode()
+        + b'}}, {"views": {"mor": [6, 5, 4, 3, 2, 1], "kar": '
+        + json.dumps([0.5] * 64).encode()
         + b"}}]}"
     )
-    batch = _parse_fast(body, MODEL, 8)
-    assert batch is not None
-    assert batch.present[:, [list(DIMS).index("mor"), list(DIMS).index("kar")]].tolist() == [[1, 0], [0, 1]]
-    assert batch.features["mor"].dtype == np.float32 and batch.features["mor"][1].tolist() == [0.0] * 6
-    assert batch.features["kar"][1].tolist() == [0.25] * 64 and not batch.features["pix"].any()
+    for parser in (_parse_fast, _parse_strict):
+        batch = parser(body, MODEL, 8)
+        assert batch is not None
+        mor, kar = list(DIMS).index("mor"), list(DIMS).index("kar")
+        assert batch.present[:, [mor, kar]].tolist() == [[1, 0], [0, 1], [1, 1]]
+        assert batch.features["mor"].dtype == np.float32
+        assert batch.features["mor"].tolist() == [[1, 2, 3, 4, 5, 6], [6, 5, 4, 3, 2, 1]]
+        assert batch.features["kar"].tolist() == [[0.25] * 64, [0.5] * 64]
+        assert batch.features["pix"].shape == (0, 240)
 
 
 def test_big_bodies_and_answers_decoded_and_encoded_in_slices_are_the_same():

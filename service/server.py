@@ -1,0 +1,446 @@
+"""The HTTP server around the app: uvicorn's httptools protocol with the connection-level limits it lacks.
+
+uvicorn parses with httptools (llhttp), which bounds neither a request head's size nor its header count
+(httptools accumulates an unfinished header value by concatenation: cost grows with the square of its
+length), arms its keep-alive timer only after a response (a connection that never sends a request, or
+sends half a head, stays open for ever), and counts no connections (``--limit-concurrency`` answers 503 to
+every request alike, probes included, and still accepts the sockets). :class:`GuardedHttpProtocol` adds, per
+connection:
+
+- **head limits**: at most ``DBF_MAX_HEADER_BYTES`` of request line and header fields (counted per chunk
+  read, before httptools gets to concatenate, and per field), at most ``DBF_MAX_HEADER_COUNT`` fields;
+  beyond them a 431 (414 for the request target alone) and the connection closed;
+- **timeouts**: a connection waiting for a request (before its first one too) is closed after
+  ``DBF_IDLE_TIMEOUT_SECONDS``; a request head must arrive in full within ``DBF_HEADER_TIMEOUT_SECONDS`` of
+  its first byte (a deadline, not an inactivity timer: a byte now and then does not extend it), else 408;
+- **a connection cap**: at most ``DBF_MAX_CONNECTIONS`` per worker process. A new connection over the cap
+  closes the one that has waited longest for a request (idle keep-alive or unfinished head), else the one
+  that has been receiving its body longest; never one whose request is in and being answered. So a flood
+  of idle, half-sent or slow-body sockets cannot shut anyone out, probes included: each new connection
+  takes the place of the stalest one. Only when every connection is being answered is a new one refused;
+
+and :class:`ConnectionAnswers` (ASGI, around the app) two answers uvicorn gets wrong:
+
+- an answer refusing a body too large to read (413, or any answer to a declared body over
+  ``DBF_MAX_BODY_BYTES``), or one that stalled (408), says ``Connection: close``: uvicorn then closes the
+  connection after it instead of reading and discarding the rest of the body, however large. The rest of a
+  smaller body answered early (401, 415, 503 overloaded) is read and dropped, as uvicorn does, but within
+  limits (at most ``DBF_MAX_BODY_BYTES`` within ``DBF_IDLE_TIMEOUT_SECONDS``): the connection stays usable,
+  and a client still sending can read its answer (closing on unread bytes resets the connection: most
+  clients then lose the answer);
+- a request still running when the graceful-shutdown period ends (a slow upload, say) is answered 503
+  ``shutting_down`` in the service's error format, not uvicorn's text/plain 500.
+
+Refusals are in the one error format (:mod:`service.errors`) and counted in ``dbf_errors_total``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import json
+import logging
+import resource
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+from weakref import WeakKeyDictionary
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from service import metrics
+from service.api.errors import error_response
+from service.settings import Settings
+
+log = logging.getLogger("dbf.server")
+
+# File descriptors a worker needs besides its connections: listening socket, event loop, log files, model
+# and metrics files, onnxruntime's and the thread pool's.
+_SPARE_DESCRIPTORS = 256
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """The per-connection limits (from :class:`~service.settings.Settings`), handed to each protocol."""
+
+    max_header_bytes: int
+    max_header_count: int
+    header_timeout: float
+    max_connections: int
+    max_body_bytes: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, max_connections: int | None = None) -> ConnectionLimits:
+        return cls(
+            max_header_bytes=settings.max_header_bytes,
+            max_header_count=settings.max_header_count,
+            header_timeout=settings.header_timeout_seconds,
+            max_connections=max_connections or settings.max_connections,
+            max_body_bytes=settings.max_body_bytes,
+        )
+
+
+class _Refused(Exception):
+    """Raised inside a parser callback to stop parsing a head that broke a limit (answered by the caller)."""
+
+
+class ConnectionBook:
+    """This worker's open connections by what they do: waiting for a request, receiving a request's body,
+    or being answered (request in). Oldest first within each, so the stalest is found at once; each
+    connection knows where it is (``book_place``), so that a move costs two dictionary operations."""
+
+    def __init__(self) -> None:
+        self.places: dict[str, OrderedDict[GuardedHttpProtocol, None]] = {
+            "waiting": OrderedDict(),
+            "receiving": OrderedDict(),
+            "answering": OrderedDict(),
+        }
+        self.count = 0
+
+    def move(self, connection: GuardedHttpProtocol, place: str) -> None:
+        """To the newest end of ``place``; a connection closed (or shed) stays out."""
+        if connection.book_place is not None:
+            del self.places[connection.book_place][connection]
+            self.places[place][connection] = None
+            connection.book_place = place
+
+    def close(self, connection: GuardedHttpProtocol) -> None:
+        if connection.book_place is not None:
+            del self.places[connection.book_place][connection]
+            connection.book_place = None
+            self.count -= 1
+            metrics.OPEN_CONNECTIONS.dec()
+
+    def admit(self, connection: GuardedHttpProtocol, limit: int) -> bool:
+        """Count ``connection`` in (waiting for its request), at ``limit`` first closing the stalest other
+        one; False if there is none to close (all are being answered): ``connection`` is then refused."""
+        if self.count >= limit:
+            for place in ("waiting", "receiving"):
+                stalest = next(iter(self.places[place]), None)
+                if stalest is not None:
+                    metrics.CONNECTIONS_SHED.labels(place).inc()
+                    self.close(stalest)
+                    stalest.transport.close()
+                    break
+            else:
+                metrics.CONNECTIONS_SHED.labels("new").inc()
+                return False
+        self.places["waiting"][connection] = None
+        connection.book_place = "waiting"
+        self.count += 1
+        metrics.OPEN_CONNECTIONS.inc()
+        return True
+
+
+# One book per uvicorn server (in practice: per worker process), found from the state its protocols share.
+_BOOKS: WeakKeyDictionary[ServerState, ConnectionBook] = WeakKeyDictionary()
+
+
+class GuardedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with head limits, idle and head timeouts and a connection cap.
+
+    uvicorn builds one per connection as ``http_protocol_class(config=, server_state=, app_state=, _loop=)``:
+    pass ``functools.partial(GuardedHttpProtocol, limits=...)`` (see :func:`uvicorn_options`).
+    """
+
+    def __init__(self, *args: Any, limits: ConnectionLimits, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.limits = limits
+        book = _BOOKS.get(self.server_state)
+        if book is None:
+            book = _BOOKS[self.server_state] = ConnectionBook()
+        self.book = book
+        self.book_place: str | None = None  # where in the book (None: not, or no longer, counted)
+        # The head's deadline, or, after an early answer, the deadline for the rest of the body.
+        self.deadline: asyncio.TimerHandle | None = None
+        self.head_open = True  # the next bytes belong to a request head (none of it complete yet)
+        self.head_started = False  # some of that head has arrived (a 408 then, not a silent close)
+        self.head_fed = 0  # bytes of whole chunks read while the head stayed unfinished
+        self.chunk_len = 0  # this chunk's, if the head began with it (else more than the limit: count)
+        self.refusal: tuple[int, str, str] | None = None
+        self.drain_left: int | None = None  # bytes still taken of an answered request's body (None: none)
+
+    # --- connection ---------------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if not self.book.admit(self, self.limits.max_connections):
+            log.warning("refused a connection: all %d are being answered", self.limits.max_connections)
+            transport.close()
+            return
+        # uvicorn's keep-alive timer, armed before the first request too: an idle connection is closed.
+        self.timeout_keep_alive_task = self.loop.call_later(
+            self.timeout_keep_alive, self.timeout_keep_alive_handler
+        )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.book.close(self)
+        self._cancel_deadline()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        # uvicorn's, with the head limits and the head deadline.
+        if self.transport.is_closing():
+            return
+        self._unset_keepalive_if_required()
+        whole_chunk_is_head = self.head_open
+        self.chunk_len = len(data) if whole_chunk_is_head else self.limits.max_header_bytes + 1
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+        except httptools.HttpParserError as error:
+            if self.refusal is None:
+                self.logger.warning("Invalid HTTP request received.")
+                self.refusal = (400, "malformed_request", f"not a valid HTTP/1.1 request: {error}")
+            self._refuse(*self.refusal)
+            return
+        if self.drain_left is not None:  # the rest of a body answered early: taken only within limits
+            self.drain_left -= len(data)
+            if self.drain_left < 0:
+                self.transport.close()
+            return
+        if not self.head_open or not (self.cycle is None or self.cycle.response_complete):
+            return  # a request is in (or still being answered): its head is done with
+        if whole_chunk_is_head:
+            # An unfinished header reaches no callback: count it by the bytes read. (A chunk in which the
+            # previous request ended is not counted: it is at most one read.)
+            self.head_fed += len(data)
+        refusal = self._too_large()
+        if refusal is not None:
+            self._refuse(*refusal)
+            return
+        if self.deadline is None:  # a deadline from the head's first chunk, however it trickles in
+            self.deadline = self.loop.call_later(self.limits.header_timeout, self._head_timed_out)
+
+    # --- parser callbacks ---------------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.head_started = True
+        self.head_fed = 0
+
+    def on_headers_complete(self) -> None:
+        limits = self.limits
+        # The head is at most the chunks read for it: only when those could exceed the limit are its
+        # fields counted (a few hundred bytes for most clients: nothing to count).
+        if (
+            self.head_fed + self.chunk_len > limits.max_header_bytes
+            or len(self.headers) > limits.max_header_count
+        ):
+            refusal = self._too_large()
+            if refusal is not None:
+                self.refusal = refusal
+                raise _Refused
+        self._cancel_deadline()
+        self.head_open = self.head_started = False
+        super().on_headers_complete()
+        self.book.move(self, "receiving")
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self.head_open = True
+        if self.drain_left is not None:  # the body answered early is all in: on to the next request
+            self.drain_left = None
+            self._cancel_deadline()
+            self.book.move(self, "waiting")
+        elif not self.cycle.response_complete:
+            self.book.move(self, "answering")
+
+    def on_response_complete(self) -> None:
+        body_unread = self.cycle.more_body
+        super().on_response_complete()
+        if self.transport.is_closing():  # Connection: close (on a 413, see ConnectionAnswers)
+            return
+        if not self.cycle.response_complete:  # a pipelined request, all in, has just been started
+            self.book.move(self, "answering")
+        elif body_unread:
+            # Answered before its body was in (401, 415, 503 overloaded...): uvicorn reads the rest and
+            # discards it, which keeps the connection usable and lets a client still sending read the
+            # answer (closing on unread bytes resets the connection, and async clients lose the answer).
+            # But within limits: at most DBF_MAX_BODY_BYTES more, within DBF_IDLE_TIMEOUT_SECONDS.
+            self.drain_left = self.limits.max_body_bytes
+            self.deadline = self.loop.call_later(self.timeout_keep_alive, self._drain_timed_out)
+            self.book.move(self, "receiving")
+        else:  # kept alive: waiting for the next request
+            self.book.move(self, "waiting")
+
+    # --- refusals -----------------------------------------------------------------------------------
+    def _head_timed_out(self) -> None:
+        self.deadline = None
+        if self.transport.is_closing():
+            return
+        if not self.head_started:  # nothing but line breaks: an idle connection, closed as such
+            self.transport.close()
+            return
+        self._refuse(
+            408,
+            "header_timeout",
+            f"request head not complete within {self.limits.header_timeout:g} s (DBF_HEADER_TIMEOUT_SECONDS)",
+        )
+
+    def _drain_timed_out(self) -> None:
+        self.deadline = None
+        self.transport.close()
+
+    def _too_large(self) -> tuple[int, str, str] | None:
+        """The refusal of a head that breaks a limit (None if it keeps them)."""
+        limits = self.limits
+        url, fields = (self.url, self.headers) if self.head_started else (b"", [])
+        if len(url) > limits.max_header_bytes:
+            return (
+                414,
+                "uri_too_long",
+                f"request target over {limits.max_header_bytes} bytes (DBF_MAX_HEADER_BYTES)",
+            )
+        if len(fields) > limits.max_header_count:
+            return (
+                431,
+                "headers_too_large",
+                f"more than {limits.max_header_count} header fields (DBF_MAX_HEADER_COUNT)",
+            )
+        size = len(url) + sum(len(name) + len(value) + 4 for name, value in fields)  # ": " and CRLF
+        if max(size, self.head_fed) > limits.max_header_bytes:
+            return (
+                431,
+                "headers_too_large",
+                f"request head over {limits.max_header_bytes} bytes (DBF_MAX_HEADER_BYTES)",
+            )
+        return None
+
+    def _refuse(self, status: int, reason: str, message: str) -> None:
+        """Answer ``status`` in the error format and close: the rest of what the client sends is not read."""
+        self._cancel_deadline()
+        self._unset_keepalive_if_required()
+        metrics.ERRORS.labels(reason=reason).inc()
+        body = json.dumps({"error": {"type": reason, "message": message}}).encode()
+        head = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\n".encode()]
+        head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
+        head.append(
+            b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body)
+        )
+        self.transport.write(b"".join(head) + body)
+        self.transport.close()
+
+    def _cancel_deadline(self) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
+
+
+class ConnectionAnswers:
+    """ASGI wrapper: ``Connection: close`` on an answer that refuses a body too large to read (the rest is
+    never read), and 503 ``shutting_down`` for a request cut at the end of the graceful-shutdown period."""
+
+    def __init__(self, app: Any, *, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _declared_length(scope["headers"])
+        body_pending = declared != 0
+        started = False
+
+        async def receive_body() -> dict:
+            nonlocal body_pending
+            message = await receive()
+            if not message.get("more_body", False):  # the last piece, or the client is gone
+                body_pending = False
+            return message
+
+        async def send_closing(message: dict) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                # The rest of a body over the limit, or of one that stalled (408), is not read: uvicorn,
+                # seeing the header, closes the connection after the answer. (A smaller rest is read and
+                # dropped: GuardedHttpProtocol.)
+                if body_pending and (
+                    message["status"] in (408, 413)
+                    or (declared is not None and declared > self.max_body_bytes)
+                ):
+                    message = {**message, "headers": [*message.get("headers", ()), _CLOSE]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive_body if body_pending else receive, send_closing)
+        except asyncio.CancelledError:
+            # uvicorn cancels what still runs when the graceful-shutdown period ends: answer, if not yet.
+            if started:
+                raise
+            log.warning("%s %s cut by the end of the graceful shutdown: 503", scope["method"], scope["path"])
+            answer = error_response(
+                scope["path"],
+                503,
+                "shutting_down",
+                "the service is shutting down; retry on another instance",
+                headers={"Connection": "close"},
+            )
+            await answer(scope, receive, send)
+
+
+_CLOSE = (b"connection", b"close")
+
+
+def _declared_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """The body's declared length: 0 for none, None when chunked (unknown until it ends)."""
+    for name, value in headers:
+        if name == b"content-length":
+            digits = value.lstrip(b"0")  # httptools has checked they are digits
+            return int(digits or b"0") if len(digits) <= 18 else 10**18  # int() of 4300+ digits raises
+        if name == b"transfer-encoding":
+            return None
+    return 0
+
+
+def application() -> ConnectionAnswers:
+    """uvicorn's factory: the app from ``DBF_*`` settings (:func:`service.app.app_from_environment`), as
+    :func:`guarded` serves it."""
+    from service.app import app_from_environment
+
+    return guarded(app_from_environment())
+
+
+def guarded(app: Any) -> ConnectionAnswers:
+    """A :func:`service.app.create_app` app wrapped in :class:`ConnectionAnswers`, as the server runs it."""
+    return ConnectionAnswers(app, max_body_bytes=app.state.settings.max_body_bytes)
+
+
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """``uvicorn.run`` keyword arguments for the guarded protocol and the wrapped app (all picklable: each
+    worker process gets them)."""
+    import functools
+
+    limits = ConnectionLimits.from_settings(settings, max_connections=fit_descriptor_limit(settings))
+    return {
+        "http": functools.partial(GuardedHttpProtocol, limits=limits),
+        "timeout_keep_alive": settings.idle_timeout_seconds,
+    }
+
+
+def fit_descriptor_limit(settings: Settings) -> int:
+    """Raise this process's open-file limit (inherited by its workers) to hold ``DBF_MAX_CONNECTIONS``
+    connections, as far as the hard limit allows; returns the connection cap that fits."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = settings.max_connections + _SPARE_DESCRIPTORS
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+        soft = raised
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        fitting = max(1, soft - _SPARE_DESCRIPTORS)
+        log.warning(
+            "DBF_MAX_CONNECTIONS=%d needs %d open files, the limit is %d: capping connections at %d",
+            settings.max_connections,
+            needed,
+            soft,
+            fitting,
+        )
+        return fitting
+    return settings.max_connections

@@ -1,0 +1,397 @@
+"""Hostile clients at the connection level (service/server.py): oversized heads, idle, half-sent and
+trickled connections, connection floods, bodies sent after the answer, uploads cut by a shutdown.
+
+Each attack runs against the real service on loopback, bounded in time, while a prober asks ``/health``
+on a new connection every 50 ms: its p99 is printed (run with ``-s`` to see it) and asserted loosely
+(timings are not the subject of tests; a hung or starved service is)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import multiprocessing
+import resource
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import httpx
+
+from tests.service.conftest import running_service, service_process
+from tests.service.test_hardening import HANDWRITTEN, random_samples
+
+# Loose: a starved event loop shows as seconds; the issue's goal is 100 ms.
+HEALTH_P99_BOUND = 1.0
+
+
+def address(url: str) -> tuple[str, int]:
+    host, port = url.removeprefix("http://").split(":")
+    return host, int(port)
+
+
+def read_answer(conn: socket.socket) -> bytes:
+    """Everything the server sends until it closes (or resets) the connection."""
+    answer = b""
+    try:
+        while chunk := conn.recv(65536):
+            answer += chunk
+    except ConnectionResetError:
+        pass
+    return answer
+
+
+def read_one(conn: socket.socket) -> bytes:
+    """One whole answer (head and a Content-Length body) off a connection that stays open."""
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += conn.recv(65536)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    length = int(
+        next(f for f in head.lower().split(b"\r\n") if f.startswith(b"content-length:")).split(b":")[1]
+    )
+    while len(body) < length:
+        body += conn.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+def error_of(answer: bytes) -> tuple[int, dict[str, str], dict]:
+    """Status, headers and error object of a raw HTTP answer in the service's error format."""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line, *fields = head.decode("latin-1").split("\r\n")
+    headers = {name.lower(): value.strip() for name, _, value in (f.partition(":") for f in fields)}
+    return int(status_line.split()[1]), headers, json.loads(body)["error"]
+
+
+def get(url: str, path: str) -> bytes:
+    """``GET path`` on a new connection, raw (an HTTP client's set-up would hold the GIL, and the
+    prober's thread waiting for it would time the test, not the service)."""
+    with socket.create_connection(address(url), timeout=5) as conn:
+        conn.sendall(b"GET %s HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n" % path.encode())
+        return read_answer(conn)
+
+
+def health_once(url: str) -> float:
+    """Seconds for ``GET /health`` on a new connection (inf when it fails or takes over 5 s)."""
+    started = time.perf_counter()
+    try:
+        ok = get(url, "/health").startswith(b"HTTP/1.1 200 ")
+    except OSError:
+        ok = False
+    return time.perf_counter() - started if ok else math.inf
+
+
+def read_answer_while_trickling(conn: socket.socket, seconds: float = 10, data: bytes = b"x" * 100) -> bytes:
+    """Send ``data`` a byte per 0.2 s (``conn`` has that timeout) until the server closes ``conn``, for at
+    most ``seconds``; what it answered meanwhile."""
+    answer = b""
+    for i in range(int(seconds / 0.2)):
+        try:
+            if i < len(data):
+                conn.sendall(data[i : i + 1])
+            chunk = conn.recv(65536)
+        except TimeoutError:
+            continue
+        except (BrokenPipeError, ConnectionResetError):
+            break
+        if not chunk:
+            break
+        answer += chunk
+    return answer
+
+
+@contextmanager
+def probing(url: str, attack: str) -> Iterator[list[float]]:
+    """Probe ``/health`` every 50 ms while the block runs; prints the p99 and checks it loosely."""
+    latencies: list[float] = []
+    stop = threading.Event()
+
+    def probe() -> None:
+        while not stop.is_set():
+            latencies.append(health_once(url))
+            stop.wait(0.05)
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    try:
+        yield latencies
+    finally:
+        stop.set()
+        thread.join()
+    p99 = sorted(latencies)[max(0, math.ceil(0.99 * len(latencies)) - 1)]
+    most = max(latencies)
+    print(
+        f"\n{attack}: /health p99 {p99 * 1000:.1f} ms, max {most * 1000:.0f} ms, over {len(latencies)} probes"
+    )
+    assert latencies and p99 < HEALTH_P99_BOUND, (attack, sorted(latencies)[-5:])
+
+
+def push(conn: socket.socket, head: bytes, total: int, seconds: float) -> int:
+    """Send ``head`` then filler up to ``total`` bytes, for at most ``seconds``; the bytes the server took
+    before closing the connection (or all of them, if it never did)."""
+    conn.settimeout(seconds)
+    sent, deadline, chunk = 0, time.monotonic() + seconds, b"a" * 65536
+    try:
+        conn.sendall(head)
+        sent = len(head)
+        while sent < total and time.monotonic() < deadline:
+            sent += conn.send(chunk)
+    except (BrokenPipeError, ConnectionResetError, TimeoutError):
+        pass
+    return sent
+
+
+def test_oversized_heads_are_refused_with_431_at_once():
+    """The issue's attack: 8 sockets each sending a 60 MB header (and one of 100 MB). Each is answered 431
+    after a bounded read, and /health stays fast meanwhile. Count, target and malformed heads too."""
+    results: list[tuple[int, bytes]] = []
+
+    def attacker(i: int, url: str, until: float) -> None:
+        while time.monotonic() < until:  # again and again for 3 s, for the prober to see it
+            with socket.create_connection(address(url), timeout=10) as conn:
+                size = 100_000_000 if i == 0 else 60_000_000
+                sent = push(conn, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ", size, seconds=10)
+                conn.settimeout(5)
+                results.append((sent, read_answer(conn)))
+
+    with running_service("--model-dir", HANDWRITTEN) as url:
+        with probing(url, "8 sockets sending 60 MB headers"):
+            until = time.monotonic() + 3
+            threads = [threading.Thread(target=attacker, args=(i, url, until)) for i in range(8)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        print(f"{len(results)} oversized heads refused")
+        assert len(results) >= 8
+        for sent, answer in results:
+            status, headers, error = error_of(answer)
+            assert (status, error["type"], headers["connection"]) == (431, "headers_too_large", "close")
+            assert "DBF_MAX_HEADER_BYTES" in error["message"]
+            assert sent < 16 * 1024 * 1024  # the server stopped reading (what it took: kernel buffers)
+
+        def raw(head: bytes) -> bytes:
+            with socket.create_connection(address(url), timeout=10) as conn:
+                conn.sendall(head)
+                return read_answer(conn)
+
+        many = b"".join(b"X-%d: 1\r\n" % i for i in range(101))
+        status, _, error = error_of(raw(b"GET /health HTTP/1.1\r\nHost: x\r\n" + many + b"\r\n"))
+        assert (status, error["type"]) == (431, "headers_too_large") and "DBF_MAX_HEADER_COUNT" in error[
+            "message"
+        ]
+        status, _, error = error_of(raw(b"GET /" + b"a" * 40_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n"))
+        assert (status, error["type"]) == (414, "uri_too_long")
+        status, _, error = error_of(raw(b"GET /health HTTP/1.1\r\nHost: x\r\nBad\x01Name: 1\r\n\r\n"))
+        assert (status, error["type"]) == (400, "malformed_request")
+        # Big but within the limits (99 fields with httpx's own 5, 30 KB): served.
+        fields = {f"x-field-{i}": "v" * 310 for i in range(94)}
+        assert httpx.get(url + "/health", headers=fields).status_code == 200
+        metrics = httpx.get(url + "/metrics").text
+        assert f'dbf_errors_total{{reason="headers_too_large"}} {len(results) + 1}.0' in metrics
+
+
+def test_idle_half_sent_and_trickled_connections_are_closed():
+    """Idle before the first request and after an answer: closed after DBF_IDLE_TIMEOUT_SECONDS. A head
+    half sent, or trickled a byte at a time, or line breaks only: 408 (or closed) by the head deadline."""
+    env = {"DBF_IDLE_TIMEOUT_SECONDS": "1", "DBF_HEADER_TIMEOUT_SECONDS": "2"}
+
+    def closed_after(conn: socket.socket, trickle: bytes = b"") -> tuple[float, bytes]:
+        """Seconds until the server closes ``conn`` (sending ``trickle`` a byte per 0.2 s meanwhile)."""
+        started = time.monotonic()
+        conn.settimeout(0.2)
+        answer = read_answer_while_trickling(conn, data=trickle)
+        return time.monotonic() - started, answer
+
+    with running_service("--model-dir", HANDWRITTEN, env=env) as url, ExitStack() as sockets:
+        idle, answered, half = (
+            sockets.enter_context(socket.create_connection(address(url))) for _ in range(3)
+        )
+        answered.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        half.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+
+        seconds, answer = closed_after(idle)
+        assert answer == b"" and seconds < 3, seconds
+        seconds, answer = closed_after(answered)
+        assert answer.startswith(b"HTTP/1.1 200 ") and seconds < 3, seconds
+        seconds, answer = closed_after(half)
+        status, headers, error = error_of(answer)
+        assert (status, error["type"], headers["connection"]) == (408, "header_timeout", "close")
+        assert "DBF_HEADER_TIMEOUT_SECONDS" in error["message"] and seconds < 4
+        # A byte every 0.2 s does not extend the head's deadline (slowloris).
+        trickled, breaks = (sockets.enter_context(socket.create_connection(address(url))) for _ in range(2))
+        seconds, answer = closed_after(trickled, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100)
+        assert error_of(answer)[0] == 408 and seconds < 4, seconds
+        seconds, answer = closed_after(breaks, b"\r\n" * 50)
+        assert answer == b"" and seconds < 4, seconds
+
+
+def _raise_open_file_limit(wanted: int) -> int:
+    """Let this process hold ``wanted`` sockets if it may (raising the hard limit needs root); returns how
+    many it can hold, with room to spare."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted + 512), max(hard, wanted + 512)))
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return min(wanted, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 512)
+
+
+def open_connections(url: str) -> float:
+    return float(_metric_line(url, "dbf_open_connections"))
+
+
+def flood(where: tuple[str, int], wanted: int, opened: Any, stop: Any) -> None:
+    """In a process of its own (so that the prober's timings are the service's, not this one's): open
+    ``wanted`` connections, every other one with an unfinished head, put how many into ``opened`` and hold
+    them until ``stop`` is set."""
+    count = _raise_open_file_limit(wanted)
+    sockets, started = [], time.monotonic()
+    for i in range(count):
+        if time.monotonic() > started + 60:  # bounded even where connections no longer open
+            break
+        if i % 100 == 0:  # at most 2,000 a second: the subject is how many, not how fast
+            time.sleep(max(0.0, started + i / 2000 - time.monotonic()))
+        try:
+            # From four loopback addresses: 20,000 sockets would nearly fill one address's ephemeral ports.
+            conn = socket.create_connection(where, timeout=5, source_address=(f"127.0.0.{2 + i % 4}", 0))
+            sockets.append(conn)
+            if i % 2:
+                conn.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\n")
+        except OSError:  # the server closed it already: it was among the stalest
+            pass
+    opened.put(len(sockets))
+    stop.wait(60)
+
+
+def test_a_flood_of_idle_and_half_sent_connections_keeps_probes_in():
+    """The issue's attack: 21,000 idle sockets (here half of them with an unfinished head) exhausted the
+    service's open files and /health stopped answering. Now each new connection over DBF_MAX_CONNECTIONS
+    takes the place of the stalest waiting one: the service holds at most that many, and answers."""
+    processes = multiprocessing.get_context("fork")
+    opened, stop = processes.Queue(), processes.Event()
+    with running_service("--model-dir", HANDWRITTEN) as url:
+        attacker = processes.Process(target=flood, args=(address(url), 21_000, opened, stop), daemon=True)
+        attacker.start()
+        most = 0.0
+        with probing(url, "a flood of 21,000 idle and half-sent connections (as many as open files allow)"):
+            while opened.empty() and attacker.is_alive():
+                most = max(most, open_connections(url))
+                time.sleep(0.2)
+            count = opened.get(timeout=5)
+        most = max(most, open_connections(url))
+        stop.set()
+        attacker.join(timeout=30)
+        print(f"{count} connections opened; the service held at most {most:.0f}")
+        assert most <= 1024 and count > 10_000
+        answer = httpx.post(url + "/predict", json={"samples": random_samples(1)}, timeout=10)
+        assert answer.status_code == 200
+        assert float(_metric_line(url, 'dbf_connections_shed_total{state="waiting"}')) > 0
+
+
+def _metric_line(url: str, series: str) -> str:
+    text = get(url, "/metrics").decode()
+    [line] = [line for line in text.splitlines() if line.startswith(series + " ")]
+    return line.split()[1]
+
+
+def test_when_every_connection_is_receiving_a_body_a_probe_takes_the_stalest_place():
+    """DBF_MAX_CONNECTIONS sockets all uploading slowly: a probe still gets in, in the place of the upload
+    that started first (closed), and the service never holds more than the cap."""
+    env = {"DBF_MAX_CONNECTIONS": "16"}
+    head = (
+        b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100000\r\n\r\n{"
+    )
+    with running_service("--model-dir", HANDWRITTEN, env=env) as url, ExitStack() as sockets:
+        uploads = []
+        for _ in range(16):
+            conn = sockets.enter_context(socket.create_connection(address(url), timeout=5))
+            conn.sendall(head)
+            uploads.append(conn)
+            time.sleep(0.02)  # in order: the first is the stalest
+        assert health_once(url) < 5
+        uploads[0].settimeout(5)
+        assert read_answer(uploads[0]) == b""  # closed, with nothing to say: its client is not reading
+        assert open_connections(url) <= 16
+        assert _metric_line(url, 'dbf_connections_shed_total{state="receiving"}') != "0.0"
+
+
+def test_a_body_over_the_limit_is_refused_and_not_read():
+    """A 413 on a declared 100 MB body, or on a streamed body over DBF_MAX_BODY_BYTES: the answer says
+    Connection: close and the server reads no more (the issue: 10 GB read in 20 s, connection kept)."""
+    env = {"DBF_MAX_BODY_BYTES": str(1024 * 1024)}
+    post = b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    declared = post + b"Content-Length: 100000000\r\n\r\n"
+    streamed = post + b"Transfer-Encoding: chunked\r\n\r\n%x\r\n" % 100_000_000  # one chunk of 100 MB
+    with running_service("--model-dir", HANDWRITTEN, env=env) as url, probing(url, "100 MB bodies"):
+        until = time.monotonic() + 3
+        while time.monotonic() < until:  # for 3 s, for the prober to see it
+            for head in (declared, streamed):
+                with socket.create_connection(address(url), timeout=10) as conn:
+                    started = time.monotonic()
+                    sent = push(conn, head, 100_000_000, seconds=5)
+                    conn.settimeout(5)
+                    status, headers, error = error_of(read_answer(conn))
+                    assert (status, error["type"], headers["connection"]) == (
+                        413,
+                        "payload_too_large",
+                        "close",
+                    )
+                    assert sent < 32 * 1024 * 1024 and time.monotonic() - started < 5, sent
+
+
+def test_the_rest_of_a_body_answered_early_is_read_within_limits():
+    """An answer before a body within the limit (415, 503 overloaded, 401): the rest is read and dropped,
+    so that a client still sending gets its answer and the connection stays usable; but a rest trickled
+    in is cut at DBF_IDLE_TIMEOUT_SECONDS."""
+    env = {"DBF_IDLE_TIMEOUT_SECONDS": "1"}
+    body = b"x" * 4_000_000
+
+    async def uploads(url: str) -> list[int]:
+        async with httpx.AsyncClient(timeout=30) as client:  # anyio: loses an answer on a reset
+            posts = (
+                client.post(url + "/predict", content=body, headers={"content-type": "text/plain"})
+                for _ in range(8)
+            )
+            return [r.status_code for r in await asyncio.gather(*posts)]
+
+    head = b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n"
+    with running_service("--model-dir", HANDWRITTEN, env=env) as url:
+        assert asyncio.run(uploads(url)) == [415] * 8
+        with socket.create_connection(address(url), timeout=10) as conn:
+            conn.sendall(head % 5)
+            assert read_one(conn).startswith(b"HTTP/1.1 415 ")
+            conn.sendall(b"12345GET /health HTTP/1.1\r\nHost: x\r\n\r\n")  # the rest, then a request
+            assert read_one(conn).startswith(b"HTTP/1.1 200 ")
+        with socket.create_connection(address(url), timeout=10) as conn:
+            conn.sendall(head % 500_000 + b"x")
+            assert read_one(conn).startswith(b"HTTP/1.1 415 ")
+            started = time.monotonic()
+            conn.settimeout(0.2)
+            assert read_answer_while_trickling(conn) == b""
+            assert time.monotonic() - started < 4
+
+
+def test_an_upload_cut_by_the_end_of_the_graceful_shutdown_gets_a_503():
+    """SIGTERM while a body is still arriving, slower than DBF_GRACEFUL_SHUTDOWN_SECONDS: the request is
+    answered 503 shutting_down in the error format (uvicorn alone: a text/plain 500), and the exit is 0."""
+    env = {"DBF_GRACEFUL_SHUTDOWN_SECONDS": "1"}
+    body = json.dumps({"samples": random_samples(1)}).encode()
+    head = (
+        b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body)
+    )
+    with service_process("--model-dir", HANDWRITTEN, env=env) as (url, proc):
+        with socket.create_connection(address(url), timeout=10) as conn:
+            conn.sendall(head + body[:10])
+            time.sleep(0.3)
+            proc.send_signal(signal.SIGTERM)
+            status, headers, error = error_of(read_answer(conn))
+        assert (status, error["type"]) == (503, "shutting_down"), error
+        assert headers["content-type"] == "application/json"
+        assert proc.wait(timeout=30) == 0

@@ -1,0 +1,198 @@
+"""What a careless operator (or a broken export) gets past the checksums: models that load but misbehave,
+manifest numbers out of range, an empty API key. Each is refused at start-up (and at reload, 409), naming
+the file or the variable."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.service.conftest import running_service, start_and_fail
+from tests.service.test_service import HANDWRITTEN_DIMS, zeros_sample
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper  # noqa: E402
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+BODY = {"samples": [zeros_sample(**HANDWRITTEN_DIMS)]}
+
+
+def head(dim: int, width: int, *, declared: int = 10, bias: float = 0.0) -> bytes:
+    """An ONNX head whose graph declares evidence (N, ``declared``) but gives (N, ``width``): the width
+    goes through a value computed at run time (reshape to (-1, width + 0 * sum(features))), so that shape
+    inference cannot see it and onnxruntime keeps the declared shape, as a careless export can."""
+    weights = helper.make_tensor("w", TensorProto.FLOAT, [dim, width], [0.01] * (dim * width))
+    shift = helper.make_tensor("b", TensorProto.FLOAT, [width], [bias] * width)
+    constants = [
+        helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]),
+        helper.make_tensor("width", TensorProto.FLOAT, [1], [float(width)]),
+        helper.make_tensor("rows", TensorProto.INT64, [1], [-1]),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["features", "w"], ["z"]),
+        helper.make_node("Add", ["z", "b"], ["shifted"]),
+        helper.make_node("ReduceSum", ["features"], ["total"], keepdims=0),
+        helper.make_node("Mul", ["total", "zero"], ["nothing"]),
+        helper.make_node("Add", ["width", "nothing"], ["computed"]),
+        helper.make_node("Cast", ["computed"], ["columns"], to=TensorProto.INT64),
+        helper.make_node("Concat", ["rows", "columns"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["shifted", "shape"], ["evidence"]),
+    ]
+    return onnx_head(nodes, [weights, shift, *constants], dim=dim, classes=declared)
+
+
+def any_dim_head(dim: int, classes: int = 10) -> bytes:
+    """A tiny ONNX head that takes (N, ``dim``) features of any size (evidence: their sum times 0, plus 1)."""
+    constants = [
+        helper.make_tensor("zeros", TensorProto.FLOAT, [classes], [0.0] * classes),
+        helper.make_tensor("ones", TensorProto.FLOAT, [classes], [1.0] * classes),
+        helper.make_tensor("axis", TensorProto.INT64, [1], [1]),
+    ]
+    nodes = [
+        helper.make_node("ReduceSum", ["features", "axis"], ["total"], keepdims=1),
+        helper.make_node("Mul", ["total", "zeros"], ["nothing"]),
+        helper.make_node("Add", ["nothing", "ones"], ["evidence"]),
+    ]
+    return onnx_head(nodes, constants, dim=dim, classes=classes)
+
+
+def onnx_head(nodes: list, initializers: list, *, dim: int, classes: int) -> bytes:
+    """A head's ONNX file: ``nodes`` from 'features' (N, ``dim``) to 'evidence' declared (N, ``classes``)."""
+    graph = helper.make_graph(
+        nodes,
+        "head",
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["N", dim])],
+        [helper.make_tensor_value_info("evidence", TensorProto.FLOAT, ["N", classes])],
+        initializer=initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def with_head(model: Path, view: str, content: bytes, *, dim: int | None = None) -> Path:
+    """Replace ``view``'s head of the model copied at ``model``, with a manifest checksum (and ``dim``) to
+    match."""
+    manifest = json.loads((model / "manifest.json").read_text())
+    [entry] = [v for v in manifest["views"] if v["name"] == view]
+    (model / entry["file"]).write_bytes(content)
+    entry["sha256"] = hashlib.sha256(content).hexdigest()
+    entry["dim"] = dim or entry["dim"]
+    (model / "manifest.json").write_text(json.dumps(manifest))
+    return model / entry["file"]
+
+
+def with_manifest(model: Path, change) -> Path:
+    manifest = json.loads((model / "manifest.json").read_text())
+    change(manifest)
+    (model / "manifest.json").write_text(json.dumps(manifest, allow_nan=True))  # Infinity, NaN as written
+    return model / "manifest.json"
+
+
+def set_lambda_infinite(m: dict) -> None:
+    m["fusion"]["lambda"] = float("inf")
+
+
+def set_auroc_over_one(m: dict) -> None:
+    m["conflict_flag"]["validation_auroc"]["uncertainty"] = 1.5
+
+
+BAD_HEADS = {  # the HandWritten view 'mor' (dim 6, 10 classes)
+    "narrower than declared": (
+        head(6, 9),
+        "gives evidence of shape (2, 9) for 2 samples; manifest says (2, 10)",
+    ),
+    "wider than declared": (
+        head(6, 11),
+        "gives evidence of shape (2, 11) for 2 samples; manifest says (2, 10)",
+    ),
+    "negative evidence": (head(6, 10, bias=-1.0), "gives negative or non-finite evidence"),
+}
+BAD_NUMBERS = {
+    "lambda Infinity": (set_lambda_infinite, "fusion.lambda\n  Input should be a finite number"),
+    "AUROC over 1": (
+        set_auroc_over_one,
+        "validation_auroc.uncertainty\n  Input should be less than or equal to 1",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_HEADS))
+def test_a_head_that_misbehaves_on_a_probe_batch_stops_the_service(tmp_path, case):
+    content, message = BAD_HEADS[case]
+    shutil.copytree(MODELS / "handwritten", tmp_path / "handwritten")
+    file = with_head(tmp_path / "handwritten", "mor", content)
+    done = start_and_fail("--model-dir", str(tmp_path / "handwritten"))
+    assert done.returncode != 0
+    assert f"{file}: {message}" in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("case", sorted(BAD_NUMBERS))
+def test_a_manifest_number_out_of_range_stops_the_service(tmp_path, case):
+    change, message = BAD_NUMBERS[case]
+    shutil.copytree(MODELS / "handwritten", tmp_path / "handwritten")
+    file = with_manifest(tmp_path / "handwritten", change)
+    done = start_and_fail("--model-dir", str(tmp_path / "handwritten"))
+    assert done.returncode != 0
+    assert f"{file}: invalid manifest" in done.stderr and message in done.stderr, done.stderr[-2000:]
+
+
+def test_a_view_over_the_maximum_dim_stops_the_service(tmp_path):
+    """The issue's absurd dim (2e7), with a head that really takes it: a request leaving that view out
+    would allocate 80 MB of zeros per sample."""
+    shutil.copytree(MODELS / "handwritten", tmp_path / "handwritten")
+    with_head(tmp_path / "handwritten", "mor", any_dim_head(20_000_000), dim=20_000_000)
+    done = start_and_fail("--model-dir", str(tmp_path / "handwritten"))
+    assert done.returncode != 0
+    manifest = tmp_path / "handwritten" / "manifest.json"
+    assert (
+        f"{manifest}: view 'mor' has dim 20000000; at most 65536 are served (DBF_MAX_VIEW_DIM)" in done.stderr
+    )
+    # Within the maximum, such a head serves.
+    with_head(tmp_path / "handwritten", "mor", any_dim_head(65536), dim=65536)
+    with running_service("--model-dir", str(tmp_path / "handwritten")) as url:
+        assert httpx.get(url + "/ready").status_code == 200
+
+
+def too_wide(model: Path) -> Path:
+    with_head(model, "mor", any_dim_head(70_000), dim=70_000)
+    return model / "manifest.json"  # the file at fault: it declares the dim
+
+
+def test_misbehaving_models_are_refused_at_reload_naming_the_file(tmp_path):
+    """The same checks at reload: 409 naming the file, and the good model serves on."""
+    root = tmp_path / "repository"
+    shutil.copytree(MODELS / "handwritten", root / "handwritten")
+    with running_service("--model-dir", str(root)) as url:
+        before = httpx.post(url + "/predict", json=BODY).json()
+        attempts = [
+            lambda model: (with_head(model, "mor", BAD_HEADS["wider than declared"][0]), "gives evidence"),
+            lambda model: (with_manifest(model, set_lambda_infinite), "Input should be a finite number"),
+            lambda model: (too_wide(model), "DBF_MAX_VIEW_DIM"),
+        ]
+        for attempt in attempts:
+            staged = tmp_path / "staged"
+            shutil.copytree(MODELS / "handwritten", staged)
+            file, message = attempt(staged)
+            shutil.rmtree(root / "handwritten")
+            staged.rename(root / "handwritten")
+            refused = httpx.post(url + "/v1/admin/reload")
+            assert refused.status_code == 409
+            error = refused.json()["error"]
+            assert error["type"] == "reload_failed"
+            assert str(root / "handwritten" / file.name) in error["message"] and message in error["message"]
+            assert httpx.post(url + "/predict", json=BODY).json() == before
+
+
+@pytest.mark.parametrize("key", ["", "  "])
+def test_an_empty_api_key_refuses_to_start(key):
+    """Set but empty: locking everyone out, or letting everyone in? Neither: it says so and stops."""
+    done = start_and_fail("--model-dir", str(MODELS / "handwritten"), env={"DBF_API_KEY": key})
+    assert done.returncode != 0
+    assert "DBF_API_KEY: Value error, set but empty" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
