@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 SCHEMA_VERSION = 1
 
-_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+"""What a model's or a view's name may be: it travels in URLs and JSON keys."""
 
 
 class _Strict(BaseModel):
@@ -23,7 +24,9 @@ class _Strict(BaseModel):
 class ViewEntry(_Strict):
     """One view's head: its ONNX file maps raw features ``(N, dim)`` float32 to evidence ``(N, K)``."""
 
-    name: str = Field(pattern=_NAME, description="the view's name, the key clients send its features under")
+    name: str = Field(
+        pattern=NAME_PATTERN, description="the view's name, the key clients send its features under"
+    )
     dim: int = Field(ge=1, description="feature dimension")
     file: str = Field(
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*\.onnx$", description="ONNX file beside the manifest"
@@ -72,7 +75,7 @@ class Manifest(_Strict):
     """``manifest.json``: everything the service needs to load, check and explain one model."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
-    name: str = Field(pattern=_NAME)
+    name: str = Field(pattern=NAME_PATTERN)
     dataset: str
     classes: list[str] = Field(min_length=2, description="class names in label order")
     views: list[ViewEntry] = Field(min_length=1, description="in the order the conflict matrix uses")
@@ -114,6 +117,7 @@ def json_schema_text() -> str:
 
 __all__ = [
     "SCHEMA_VERSION",
+    "NAME_PATTERN",
     "ConflictFlag",
     "FlagRates",
     "FusionDefaults",

@@ -10,7 +10,7 @@ import pytest
 
 import manifest
 from fusion import fuse, opinion_from_evidence
-from training.data import load
+from training.readers import load
 from training.export import exported_evidence
 
 MODELS = Path(__file__).resolve().parents[1] / "models"

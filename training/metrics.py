@@ -25,6 +25,7 @@ __all__ = [
     "accuracy",
     "auroc",
     "expected_calibration_error",
+    "reliability",
     "brier_score",
     "negative_log_likelihood",
     "uncertainty_summary",
@@ -160,20 +161,53 @@ def expected_calibration_error(probability: npt.ArrayLike, labels: npt.ArrayLike
     >>> round(expected_calibration_error(probability, np.array([0, 1, 1, 1]), bins=10), 4)
     0.3
     """
-    if isinstance(bins, (bool, np.bool_)) or not isinstance(bins, (int, np.integer)) or bins < 1:
-        raise ValueError(f"bins must be a positive integer, got {bins!r}")
     p, y = _as_probability_and_labels(probability, labels)
-    confidence = p.max(axis=1)
-    correct = (np.argmax(p, axis=1) == y).astype(np.float64)
-    edges = np.linspace(0.0, 1.0, int(bins) + 1)
-    # side="left": a confidence equal to an edge belongs to the bin that edge closes.
-    index = np.clip(np.searchsorted(edges, confidence, side="left") - 1, 0, bins - 1)
+    index, confidence, correct = _confidence_bins(p, y, bins)
     count = np.bincount(index, minlength=bins).astype(np.float64)
     gap = np.bincount(index, weights=correct, minlength=bins) - np.bincount(
         index, weights=confidence, minlength=bins
     )
     # sum_m |acc_m - conf_m| n_m / N == sum_m |sum correct - sum confidence|_m / N
     return float(np.abs(gap[count > 0]).sum() / p.shape[0])
+
+
+def reliability(
+    probability: npt.ArrayLike, labels: npt.ArrayLike, *, bins: int = 15
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The reliability diagram's points: per confidence bin (as :func:`expected_calibration_error` bins),
+    the mean confidence, the accuracy and the number of samples; NaN for an empty bin.
+
+    Returns
+    -------
+    confidence, accuracy : ndarray of float64, shape (bins,)
+    count : ndarray of int64, shape (bins,)
+
+    Examples
+    --------
+    >>> probability = np.array([[0.8, 0.2], [0.8, 0.2], [0.3, 0.7], [0.3, 0.7]])
+    >>> confidence, accuracy, count = reliability(probability, np.array([0, 1, 1, 1]), bins=2)
+    >>> confidence.tolist(), accuracy.tolist(), count.tolist()
+    ([nan, 0.75], [nan, 0.75], [0, 4])
+    """
+    p, y = _as_probability_and_labels(probability, labels)
+    index, confidence, correct = _confidence_bins(p, y, bins)
+    count = np.bincount(index, minlength=bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_confidence = np.bincount(index, weights=confidence, minlength=bins) / count
+        accuracy_per_bin = np.bincount(index, weights=correct, minlength=bins) / count
+    return mean_confidence, accuracy_per_bin, count
+
+
+def _confidence_bins(p: np.ndarray, y: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each sample's bin index, confidence and correctness (1.0 / 0.0), for ``bins`` equal-width bins."""
+    if isinstance(bins, (bool, np.bool_)) or not isinstance(bins, (int, np.integer)) or bins < 1:
+        raise ValueError(f"bins must be a positive integer, got {bins!r}")
+    confidence = p.max(axis=1)
+    correct = (np.argmax(p, axis=1) == y).astype(np.float64)
+    edges = np.linspace(0.0, 1.0, int(bins) + 1)
+    # side="left": a confidence equal to an edge belongs to the bin that edge closes.
+    index = np.clip(np.searchsorted(edges, confidence, side="left") - 1, 0, bins - 1)
+    return index, confidence, correct
 
 
 def brier_score(probability: npt.ArrayLike, labels: npt.ArrayLike) -> float:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.service.conftest import running_service, start_and_fail
-from training.data import load
+from training.readers import load
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 HANDWRITTEN_DIMS = {"pix": 240, "fou": 76, "fac": 216, "zer": 47, "kar": 64, "mor": 6}
