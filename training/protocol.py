@@ -59,7 +59,11 @@ ConflictSource = Literal["random", "prototype"]
 SPLIT_FRACTIONS = (0.7, 0.1, 0.2)
 """Train, validation and test shares of the ``heldout`` split."""
 
-_CHUNK_ROWS = 1 << 15  # rows scaled at a time: the float64 temporaries stay small
+_CHUNK_BYTES = 1 << 24  # float64 bytes scaled at a time: the temporaries stay small whatever the data
+
+
+def _chunk_rows(width: int) -> int:
+    return max(1, _CHUNK_BYTES // (8 * max(width, 1)))
 
 
 def stratified_split(
@@ -136,7 +140,7 @@ class MinMaxScaler:
     The paper min-max scales every view; fitting on the training split only keeps the test data out of the
     preprocessing. Features constant on the fitted data carry no information and map to 0 (no division by
     zero); other features of new data may fall outside [0, 1] unless ``clip`` is asked for. Both fitting and
-    scaling go ``_CHUNK_ROWS`` rows at a time, so their float64 temporaries stay small whatever the data.
+    scaling go a few megabytes at a time, so their float64 temporaries stay small whatever the data.
 
     Parameters
     ----------
@@ -180,8 +184,9 @@ class MinMaxScaler:
             low = np.full(matrix.shape[1], np.inf)
             high = np.full(matrix.shape[1], -np.inf)
             contiguous = rows is None and present is None
-            for start in range(0, picked.size, _CHUNK_ROWS):
-                stop = start + _CHUNK_ROWS
+            step = _chunk_rows(matrix.shape[1])
+            for start in range(0, picked.size, step):
+                stop = start + step
                 block = matrix[start:stop] if contiguous else matrix[picked[start:stop]]
                 block = np.asarray(block, dtype=np.float64)
                 np.minimum(low, block.min(axis=0), out=low)
@@ -207,14 +212,17 @@ class MinMaxScaler:
                 raise ValueError(f"view {name!r}: scaling in place needs a C-contiguous float32 matrix")
             out = matrix if in_place else np.empty(matrix.shape, dtype=np.float32)
             span = high - low
-            varies = span > 0
-            divisor = np.where(varies, span, 1.0)
-            for start in range(0, matrix.shape[0], _CHUNK_ROWS):
-                block = np.asarray(matrix[start : start + _CHUNK_ROWS], dtype=np.float64)
-                block = np.where(varies, (block - low) / divisor, 0.0)
+            constant = ~(span > 0)
+            divisor = np.where(constant, 1.0, span)
+            step = _chunk_rows(low.size)
+            for start in range(0, matrix.shape[0], step):
+                block = np.array(matrix[start : start + step], dtype=np.float64)  # one temporary, reused
+                np.subtract(block, low, out=block)
+                np.divide(block, divisor, out=block)
+                block[:, constant] = 0.0
                 if clip:
-                    block = np.clip(block, 0.0, 1.0)
-                out[start : start + _CHUNK_ROWS] = block
+                    np.clip(block, 0.0, 1.0, out=block)
+                out[start : start + step] = block
             scaled[name] = out
         return scaled
 
@@ -521,33 +529,22 @@ def assemble(
                 present=None if present is None else present[rows],
             )
             sets[split] = samples(rows, replaced=replaced, donors=rows[donors])
-        return EvaluationSets(
-            protocol=protocol,
-            seed=seed,
-            scaler=scaler,
-            views=scaled,
+    else:
+        n = len(labels)
+        order = rng.permutation(n)
+        train, validation, test = order[: int(0.8 * n)], None, order[int(0.8 * n) :]
+        picked = rng.choice(n, size=int(0.2 * n), replace=False)
+        if present is not None:
+            picked = picked[present[picked].sum(axis=1) >= 2]
+        replaced, donors = draw_conflicts(
+            labels,
+            num_views=len(names),
+            rng=rng,
+            source="prototype",
+            num_classes=data.num_classes,
             present=present,
-            train=samples(train),
-            validation=samples(validation),
-            test=samples(test),
-            conflictive=sets,
-            everything=samples(np.arange(data.num_samples)),
         )
-    n = len(labels)
-    order = rng.permutation(n)
-    train, test = order[: int(0.8 * n)], order[int(0.8 * n) :]
-    picked = rng.choice(n, size=int(0.2 * n), replace=False)
-    if present is not None:
-        picked = picked[present[picked].sum(axis=1) >= 2]
-    replaced, donors = draw_conflicts(
-        labels,
-        num_views=len(names),
-        rng=rng,
-        source="prototype",
-        num_classes=data.num_classes,
-        present=present,
-    )
-    sets["test"] = samples(picked, replaced=replaced[picked], donors=donors[picked])
+        sets["test"] = samples(picked, replaced=replaced[picked], donors=donors[picked])
     return EvaluationSets(
         protocol=protocol,
         seed=seed,
@@ -555,10 +552,10 @@ def assemble(
         views=scaled,
         present=present,
         train=samples(train),
-        validation=None,
+        validation=None if validation is None else samples(validation),
         test=samples(test),
         conflictive=sets,
-        everything=samples(np.arange(n)),
+        everything=samples(np.arange(data.num_samples)),
     )
 
 

@@ -21,6 +21,7 @@ from training.experiment import (
     write_results,
 )
 from training.readers import load
+from training.registry import DATASETS
 
 
 @pytest.mark.parametrize("protocol", ["heldout", "paper"])
@@ -157,3 +158,34 @@ def test_grid_halves_groups_until_every_worker_has_one():
     results = [r.record() for r in run_grid(specs, None, workers=2)]
     assert [(r["method"], r["trained_together"]) for r in results] == [("dbf", 1), ("gbaf", 1)]
     assert results[1]["auc"] == run(specs[1]).record()["auc"]
+
+
+def test_an_unknown_dataset_is_refused_not_trained_with_another_ones_settings(tmp_path, capsys):
+    with pytest.raises(KeyError, match="unknown dataset 'mnist'; known: handwritten"):
+        run(RunSpec(dataset="mnist", epochs=1))
+    assert main(["experiment", "--dataset", "mnist", "--epochs", "1", "--out", str(tmp_path)]) == 1
+    assert (
+        "unknown dataset 'mnist'; known: handwritten, scene15, pie, cub, caltech101"
+        in capsys.readouterr().err
+    )
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.data
+def test_a_run_trains_with_its_datasets_hyperparameters(data_dir, monkeypatch):
+    import training.experiment as experiment
+
+    configs = []
+    train_members = experiment.train_members
+
+    def recording(*args, config, **kwargs):
+        configs.append(config)
+        return train_members(*args, config=config, **kwargs)
+
+    monkeypatch.setattr(experiment, "train_members", recording)
+    run(RunSpec(dataset="cub", epochs=1), data_dir)
+    assert (
+        configs[0].hyperparameters
+        == DATASETS["cub"].hyperparameters
+        != DATASETS["handwritten"].hyperparameters
+    )
