@@ -89,8 +89,8 @@ def overview(report: FitReport, manifest: Manifest) -> Section:
         f"tells such conflictive samples from clean ones with AUROC {metrics.auc:.3f}, and the "
         f"`high_conflict` flag raises on {_percent(flag.test.conflictive)} of them and "
         f"{_percent(flag.test.clean)} of clean ones.\n\n"
-        "Serve it: copy this directory into the model repository (`models/`) and reload the service "
-        "(`POST /v1/admin/reload`, or `DBF_RELOAD_POLL_SECONDS`); it answers at "
+        "The service serves this directory from its model repository (`DBF_MODEL_DIR`, `models/` by "
+        "default) once it reloads (`POST /v1/admin/reload`, or `DBF_RELOAD_POLL_SECONDS`), at "
         f"`/v1/models/{manifest.name}/predict`."
     )
     return Section("Summary", text)
