@@ -313,11 +313,12 @@ def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray
     import pyarrow as pa
 
     kind = file.schema_arrow.field(column).type
-    is_list = pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+    fixed = pa.types.is_fixed_size_list(kind)
+    is_list = fixed or pa.types.is_list(kind) or pa.types.is_large_list(kind)
     item = kind.value_type if is_list else kind
     if not (pa.types.is_integer(item) or pa.types.is_floating(item)):
         raise DataError(f"{where}: type {kind} is not numeric; a view holds a list of numbers per row")
-    width = kind.list_size if pa.types.is_fixed_size_list(kind) else (None if is_list else 1)
+    width = kind.list_size if fixed else (None if is_list else 1)
     if width == 0:
         raise DataError(f"{where}: width 0 (every sample needs at least one feature)")
     out: np.ndarray | None = None
@@ -331,20 +332,19 @@ def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray
             values = array.to_numpy(zero_copy_only=False).reshape(-1, 1)[valid]
         else:
             values = array.flatten().to_numpy(zero_copy_only=False)
-            lengths = np.diff(array.offsets.to_numpy())[valid] if width is None else None
-            if width is None and lengths.size:
-                width = int(lengths[0])
-                if width == 0:
+            if not fixed:  # every row's length: the first non-null row's
+                lengths = np.diff(array.offsets.to_numpy())[valid]
+                if width is None and lengths.size:
+                    width = int(lengths[0])
+                wrong = np.flatnonzero(lengths != width) if lengths.size else lengths
+                if wrong.size or width == 0:
+                    at = int(wrong[0]) if wrong.size else 0
+                    row = start + int(np.flatnonzero(valid)[at])
+                    if width == 0:
+                        raise DataError(f"{where} row {row}: an empty list; a view needs a feature per row")
                     raise DataError(
-                        f"{where} row {start + int(np.flatnonzero(valid)[0])}: an empty list; a view "
-                        "needs at least one feature per row"
+                        f"{where} row {row}: {int(lengths[at])} numbers, where earlier rows have {width}"
                     )
-            if lengths is not None and lengths.size and (lengths != width).any():
-                bad = int(np.flatnonzero(valid)[int(np.argmax(lengths != width))])
-                raise DataError(
-                    f"{where} row {start + bad}: {int(lengths[int(np.argmax(lengths != width))])} numbers, "
-                    f"where earlier rows have {width}"
-                )
             values = values.reshape(-1, width) if width else values.reshape(0, 0)
         if out is None and width is not None:
             out = np.empty((num_rows, width), dtype=np.float32)

@@ -412,6 +412,15 @@ def test_bad_data_is_refused_naming_where_and_nothing_is_written(case, tmp_path,
     assert sorted(p.name for p in models.iterdir()) == ["pets"]
 
 
+def test_rows_of_other_lengths_are_found_in_any_batch(tmp_path, capsys, monkeypatch):
+    import training.readers
+
+    monkeypatch.setattr(training.readers, "_CHUNK_BYTES", 1)  # one row per batch
+    test_bad_data_is_refused_naming_where_and_nothing_is_written(
+        "rows of different lengths in Parquet", tmp_path, capsys
+    )
+
+
 def test_a_bad_model_name_is_refused_before_training(tmp_path, capsys):
     views, labels = dataset()
     data = write_npy(tmp_path / "data", views, labels)
