@@ -18,10 +18,11 @@ import time
 import numpy as np
 import torch
 
-from training import data as datasets
 from training.heads import EvidentialHeads
 from training.loss import annealing_coefficient, total_loss
-from training.train import PAPER_HYPERPARAMETERS, TrainConfig, train, train_members
+from training.protocol import assemble
+from training.readers import load
+from training.train import TrainConfig, train, train_members
 
 
 class _PerSample(torch.utils.data.Dataset):
@@ -71,13 +72,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    dataset = datasets.load(args.dataset, args.data_dir)
-    train_idx, _, _ = datasets.stratified_split(dataset.labels, seed=0)
-    scaled = datasets.MinMaxScaler.fit(dataset.take(train_idx).views).transform(dataset.views)
-    views = [scaled[name][train_idx] for name in dataset.spec.view_names]
-    labels = dataset.labels[train_idx]
+    dataset = load(args.dataset, args.data_dir)
+    training_split = assemble(dataset, seed=0).train
+    views, labels = training_split.features(), training_split.labels
     config = TrainConfig(
-        method=args.method, epochs=args.epochs, hyperparameters=PAPER_HYPERPARAMETERS[args.dataset], seed=0
+        method=args.method, epochs=args.epochs, hyperparameters=dataset.spec.hyperparameters, seed=0
     )
     k = dataset.num_classes
 

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 # before it keep serving, without `confidence` or `prediction_set`; a version 2 manifest must have it.
 SCHEMA_VERSION = 2
 
-_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+"""What a model's or a view's name may be: it travels in URLs and JSON keys."""
 
 
 class _Strict(BaseModel):
@@ -34,7 +35,9 @@ class _Strict(BaseModel):
 class ViewEntry(_Strict):
     """One view's head: its ONNX file maps raw features ``(N, dim)`` float32 to evidence ``(N, K)``."""
 
-    name: str = Field(pattern=_NAME, description="the view's name, the key clients send its features under")
+    name: str = Field(
+        pattern=NAME_PATTERN, description="the view's name, the key clients send its features under"
+    )
     dim: int = Field(ge=1, description="feature dimension (the service takes at most DBF_MAX_VIEW_DIM)")
     file: str = Field(
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*\.onnx$", description="ONNX file beside the manifest"
@@ -206,10 +209,10 @@ class Manifest(_Strict):
     schema_version: Literal[1, 2] = Field(
         default=SCHEMA_VERSION, description="2 with a calibration section, 1 without (older models)"
     )
-    name: str = Field(pattern=_NAME)
+    name: str = Field(pattern=NAME_PATTERN)
     version: str = Field(
         default="1",
-        pattern=_NAME,
+        pattern=NAME_PATTERN,
         description="the model's version, as the Open Inference Protocol's model routes and metadata name it",
     )
     dataset: str
@@ -276,6 +279,7 @@ def json_schema_text() -> str:
 
 __all__ = [
     "SCHEMA_VERSION",
+    "NAME_PATTERN",
     "Calibration",
     "CalibrationFigures",
     "CalibrationSelection",

@@ -10,8 +10,8 @@ import pytest
 
 import manifest
 from fusion import fuse, opinion_from_evidence
-from training.data import load
 from training.export import exported_evidence
+from training.readers import load
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 # Issue 4: DBF over the committed heads, over all samples of each dataset, classifies at least this well.

@@ -1,9 +1,15 @@
-"""Fit a model's calibration on its validation split, and measure it for the reports.
+"""Everything fitted on the validation split once the heads are trained, and how it measures on any split.
 
-:func:`fit_calibration` turns DBF's fused output on the clean validation split into the manifest's
-``calibration`` section (the ``calibration`` package does the fitting); :func:`evaluate_calibration`
-measures one on any split, clean and conflictive: ECE and reliability diagrams before and after, and
-coverage and set sizes at several requested levels. No torch: fused outputs in, numbers out.
+:func:`calibrate` is the one place post-hoc fits happen, for exports and fits alike (:mod:`training.fit`):
+
+* the high-conflict flag: which score (fused uncertainty or largest pairwise conflict) and which threshold
+  flag conflictive samples best while flagging a set share of clean ones (:func:`calibrate_flag`);
+* the manifest's ``calibration`` section, ``confidence`` and ``prediction_set`` (:func:`fit_calibration`:
+  the ``calibration`` package does the fitting, on the clean validation samples only).
+
+:func:`evaluate_calibration` measures a calibration on any split, clean and conflictive: ECE and
+reliability diagrams before and after, and coverage and set sizes at several requested levels. No torch:
+evidence or fused outputs in, numbers out.
 
 Examples
 --------
@@ -40,20 +46,25 @@ from calibration import (
     conformal_rank,
     expected_calibration_error,
     fit_confidence,
+    max_coverage,
     reliability_diagram,
     scaled_probability,
     top_probability,
 )
-from fusion import Opinion
+from fusion import Method, Opinion, fuse, opinion_from_evidence
 from manifest import (
     Calibration,
     CalibrationFigures,
     CalibrationSelection,
+    ConflictFlag,
     ConformalScore,
     ConformalSets,
+    FlagRates,
 )
+from training.metrics import auroc
 
 DEFAULT_COVERAGE = 0.9
+CALIBRATION_FOLDS = 5
 REPORT_COVERAGES = (0.8, 0.85, 0.9, 0.95)
 
 
@@ -68,12 +79,39 @@ class FusedSplit:
     labels : ndarray of int, shape (N,)
         Their true classes.
     conflictive : fusion.Opinion, optional
-        The fused output of their conflictive copies (same order and labels), when there are any.
+        The fused output of their conflictive copies, when there are any.
+    conflictive_labels : ndarray of int, optional
+        The copies' true classes (default: ``labels``, copies in the same order; a copy is only made of a
+        sample with two views or more, so with missing views there may be fewer).
     """
 
     clean: Opinion
     labels: np.ndarray
     conflictive: Opinion | None = None
+    conflictive_labels: np.ndarray | None = None
+
+    @classmethod
+    def of_evidence(
+        cls,
+        evidence: np.ndarray,
+        labels: np.ndarray,
+        *,
+        method: Method,
+        lam: float,
+        present: np.ndarray | None = None,
+        conflictive: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None = None,
+    ) -> FusedSplit:
+        """The split fused as the model serves it: ``evidence`` (N, V, K) with its views ``present`` (N, V),
+        and optionally its conflictive copies as (evidence, labels, present)."""
+
+        def fused(e: np.ndarray, mask: np.ndarray | None) -> Opinion:
+            out = fuse(opinion_from_evidence(e), method, lam=lam, mask=mask)
+            return Opinion(out.belief, out.uncertainty)
+
+        if conflictive is None:
+            return cls(fused(evidence, present), labels)
+        copies, copy_labels, copy_present = conflictive
+        return cls(fused(evidence, present), labels, fused(copies, copy_present), copy_labels)
 
 
 @dataclass(frozen=True)
@@ -157,7 +195,7 @@ def fit_calibration(
     *,
     default_coverage: float = DEFAULT_COVERAGE,
     test: FusedSplit | None = None,
-    folds: int = 5,
+    folds: int = CALIBRATION_FOLDS,
     seed: int = 0,
 ) -> Calibration:
     """The manifest's ``calibration`` section, fitted on the clean validation split.
@@ -246,9 +284,10 @@ def evaluate_calibration(
             refused.append(level)
     conflictive = conflictive_accuracy = conflictive_ece = None
     if split.conflictive is not None:
-        bc, uc = _opinion(split.conflictive, y.size)
-        conflictive_correct = bc.argmax(axis=1) == y
-        conflictive = _set_figures(calibrated, bc, uc, y, levels)
+        yc = y if split.conflictive_labels is None else np.asarray(split.conflictive_labels, np.int64)
+        bc, uc = _opinion(split.conflictive, yc.size)
+        conflictive_correct = bc.argmax(axis=1) == yc
+        conflictive = _set_figures(calibrated, bc, uc, yc, levels)
         conflictive_accuracy = float(conflictive_correct.mean())
         conflictive_ece = expected_calibration_error(
             calibrated.confidence(bc, uc), conflictive_correct, bins=bins
@@ -303,12 +342,160 @@ def _opinion(opinion: Opinion, n: int) -> tuple[np.ndarray, np.ndarray]:
     return b, u
 
 
+# --- the high-conflict flag, and everything at once ---------------------------------------------------
+
+FlagScores = dict[str, np.ndarray]
+"""A set's candidate flag scores: ``{"uncertainty": (N,), "max_conflict": (N,)}``."""
+
+
+def flag_scores(
+    evidence: np.ndarray, *, method: Method, lam: float, present: np.ndarray | None = None
+) -> FlagScores:
+    """The flag's two candidate scores: fused uncertainty and the largest pairwise conflict, each (N,).
+
+    ``evidence`` (N, V, K); ``present`` (N, V) marks the views each sample has (None: all).
+    """
+    fused = fuse(opinion_from_evidence(evidence), method, lam=lam, mask=present)
+    return {"uncertainty": fused.uncertainty, "max_conflict": fused.conflict.max(axis=(-1, -2))}
+
+
+def calibrate_flag(
+    clean: FlagScores,
+    conflictive: FlagScores,
+    *,
+    target_false_positive_rate: float,
+) -> tuple[str, float, dict[str, float]]:
+    """Choose the flag's score and threshold on validation data.
+
+    Parameters
+    ----------
+    clean, conflictive : FlagScores
+        Scores of clean validation samples and of their conflictive copies.
+
+    Returns
+    -------
+    (score, threshold, validation AUROC per score)
+        The score that separates better; the threshold flags ``target_false_positive_rate`` of the clean
+        samples (``score >= threshold``).
+    """
+    separation = {
+        name: auroc(
+            np.concatenate([clean[name], conflictive[name]]),
+            np.concatenate([np.zeros(len(clean[name]), bool), np.ones(len(conflictive[name]), bool)]),
+        )
+        for name in ("uncertainty", "max_conflict")
+    }
+    score = max(separation, key=separation.get)
+    # With score >= threshold, this flags the target share of clean samples (more only where scores tie).
+    threshold = float(np.quantile(clean[score], 1 - target_false_positive_rate, method="higher"))
+    return score, threshold, separation
+
+
+@dataclass(frozen=True, eq=False)
+class PostHoc:
+    """What :func:`calibrate` fitted on the validation split: the flag (with the validation scores it was
+    fitted on) and the manifest's calibration section."""
+
+    score: str
+    threshold: float
+    target_false_positive_rate: float
+    validation_auroc: dict[str, float]
+    validation: tuple[FlagScores, FlagScores]  # clean, conflictive
+    section: Calibration
+
+    def calibration(self, test: FusedSplit) -> Calibration:
+        """The manifest's calibration section, with its figures on the test split ``test``."""
+        coverage = self.section.conformal.default_coverage
+        figures = evaluate_calibration(self.section, test, coverages=(coverage,)).figures(coverage)
+        return self.section.model_copy(update={"test": figures})
+
+    def flag_rates(self, clean: FlagScores, conflictive: FlagScores) -> FlagRates:
+        """The shares of ``clean`` and ``conflictive`` samples the flag raises."""
+        return FlagRates(
+            clean=float(np.mean(clean[self.score] >= self.threshold)),
+            conflictive=float(np.mean(conflictive[self.score] >= self.threshold)),
+        )
+
+    def conflict_flag(self, test: tuple[FlagScores, FlagScores]) -> ConflictFlag:
+        """The manifest's flag, with its rates on the validation split and on the test split ``test``."""
+        return ConflictFlag(
+            score=self.score,
+            threshold=self.threshold,
+            target_false_positive_rate=self.target_false_positive_rate,
+            validation_auroc=self.validation_auroc,
+            validation=self.flag_rates(*self.validation),
+            test=self.flag_rates(*test),
+        )
+
+
+def supported_coverage(samples: int, *, folds: int = CALIBRATION_FOLDS) -> float:
+    """The default coverage, or less where ``samples`` validation samples cannot support it: 0.9 needs 9
+    calibration samples, and the cross-validation that chooses the score calibrates on all but a fold."""
+    return min(DEFAULT_COVERAGE, max_coverage(samples - -(-samples // folds)))
+
+
+def calibrate(
+    clean_evidence: np.ndarray,
+    conflictive_evidence: np.ndarray,
+    *,
+    labels: np.ndarray,
+    conflictive_labels: np.ndarray,
+    method: Method,
+    lam: float,
+    target_false_positive_rate: float,
+    clean_present: np.ndarray | None = None,
+    conflictive_present: np.ndarray | None = None,
+    seed: int = 0,
+) -> PostHoc:
+    """Fit everything post-hoc on the validation split.
+
+    Parameters
+    ----------
+    clean_evidence, conflictive_evidence : ndarray, shape (N, V, K) and (M, V, K)
+        The heads' evidence on the clean validation samples and on their conflictive copies.
+    labels, conflictive_labels : ndarray of int, shape (N,) and (M,)
+        Their true classes.
+    method, lam
+        The fusion the model serves with.
+    clean_present, conflictive_present : bool arrays (N, V), (M, V), optional
+        Which views each sample has (None: all).
+    seed : int
+        The cross-validation the calibrators are chosen by.
+    """
+    clean = flag_scores(clean_evidence, method=method, lam=lam, present=clean_present)
+    conflictive = flag_scores(conflictive_evidence, method=method, lam=lam, present=conflictive_present)
+    score, threshold, separation = calibrate_flag(
+        clean, conflictive, target_false_positive_rate=target_false_positive_rate
+    )
+    validation = FusedSplit.of_evidence(
+        clean_evidence,
+        labels,
+        method=method,
+        lam=lam,
+        present=clean_present,
+        conflictive=(conflictive_evidence, conflictive_labels, conflictive_present),
+    )
+    return PostHoc(
+        score=score,
+        threshold=threshold,
+        target_false_positive_rate=target_false_positive_rate,
+        validation_auroc=separation,
+        validation=(clean, conflictive),
+        section=fit_calibration(validation, default_coverage=supported_coverage(len(labels)), seed=seed),
+    )
+
+
 __all__ = [
     "DEFAULT_COVERAGE",
     "REPORT_COVERAGES",
     "CalibrationReport",
+    "FlagScores",
     "FusedSplit",
+    "PostHoc",
     "SetFigures",
+    "calibrate",
+    "calibrate_flag",
     "evaluate_calibration",
     "fit_calibration",
+    "flag_scores",
 ]

@@ -1,16 +1,7 @@
 """Experiments: a run is (dataset, method, seed, protocol, lambda, activation); a grid runs many in parallel.
 
-Protocols (the conflictive set is the paper's: one random view of each sample replaced by that view of a
-sample of class ``(y + 1) mod K``; labels unchanged):
-
-``heldout`` (default)
-    Stratified train / validation / test split from the seed; min-max scaling fitted on the training split;
-    the conflictive set is built from the test split alone (donor views drawn from the test split).
-``paper``
-    What the authors' code does: scaling fitted on all samples; a random 80/20 split for training and the
-    clean test set; the conflictive set is a fresh, independent random 20% of the whole dataset (so about 80%
-    of it was trained on), each replacement view taken from a fixed prototype of class ``(y + 1) mod K``,
-    the first sample of that class in file order. Evaluation after the last epoch.
+Protocols (``heldout``, the default, and ``paper``, what the authors' code does) are assembled by
+:func:`training.protocol.assemble`; their notes are there. A run's results are a :class:`RunResult`.
 """
 
 from __future__ import annotations
@@ -21,22 +12,22 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 
 from fusion import METHODS, Method
-from training import data as datasets
-from training.evaluate import evaluate
+from training.data import MultiViewData, synthetic
+from training.evaluate import Evaluation, evaluate
 from training.heads import Activation
 from training.plots import write_plots
-from training.train import PAPER_HYPERPARAMETERS, TrainConfig, train_members
-
-Protocol = Literal["heldout", "paper"]
+from training.protocol import EvaluationSets, Protocol, assemble
+from training.readers import read_registered
+from training.registry import dataset_spec
+from training.train import TrainConfig, train_members
 
 # The authors' 1000 epochs. Fewer are not enough on the small datasets: protocol paper, DBF, seed 0, 200 vs
 # 1000 epochs gives AUROC 0.49 vs 0.74 on PIE and 0.46 vs 0.60 on CUB (the paper: 0.71 and 0.57).
@@ -62,62 +53,37 @@ def paper_activation(method: Method) -> Activation:
 
 
 @dataclass(frozen=True)
-class Splits:
-    """Scaled features per view (in view order) for training, the clean test set and the conflictive set."""
+class RunResult:
+    """One run's outcome: its settings, its :class:`Evaluation`, and its share of the training time."""
 
-    train: list[np.ndarray]
-    train_labels: np.ndarray
-    clean: list[np.ndarray]
-    clean_labels: np.ndarray
-    conflictive: list[np.ndarray]
-    conflictive_labels: np.ndarray
+    spec: RunSpec
+    evaluation: Evaluation
+    seconds: float  # the group's training time divided by its size (:func:`run_together`)
+    trained_together: int
 
-
-def make_splits(dataset: datasets.MultiViewData, *, protocol: Protocol, seed: int) -> Splits:
-    """The train / clean-test / conflictive-test sets of ``protocol`` for ``seed`` (see the module notes)."""
-    names = dataset.spec.view_names
-    labels = dataset.labels
-    rng = np.random.default_rng(seed)
-    if protocol == "heldout":
-        train_idx, _, test_idx = datasets.stratified_split(labels, seed=seed)
-        scaler = datasets.MinMaxScaler.fit(dataset.take(train_idx).views)
-        scaled = scaler.transform(dataset.views)
-        test_views = {name: x[test_idx] for name, x in scaled.items()}
-        conflictive, _ = datasets.make_conflictive(
-            test_views, labels[test_idx], rng=rng, source="random", num_classes=dataset.num_classes
-        )
-        conflict_labels = labels[test_idx]
-    elif protocol == "paper":
-        scaled = datasets.MinMaxScaler.fit(dataset.views).transform(dataset.views)
-        n = len(labels)
-        order = rng.permutation(n)
-        train_idx, test_idx = order[: int(0.8 * n)], order[int(0.8 * n) :]
-        picked = rng.choice(n, size=int(0.2 * n), replace=False)
-        everything, _ = datasets.make_conflictive(
-            scaled, labels, rng=rng, source="prototype", num_classes=dataset.num_classes
-        )
-        conflictive = {name: x[picked] for name, x in everything.items()}
-        conflict_labels = labels[picked]
-    else:
-        raise ValueError(f"unknown protocol {protocol!r}; expected 'heldout' or 'paper'")
-    return Splits(
-        train=[scaled[name][train_idx] for name in names],
-        train_labels=labels[train_idx],
-        clean=[scaled[name][test_idx] for name in names],
-        clean_labels=labels[test_idx],
-        conflictive=[conflictive[name] for name in names],
-        conflictive_labels=conflict_labels,
-    )
+    def record(self) -> dict[str, object]:
+        """The run as ``results.json`` lists it: settings (``lam`` as ``lambda``), measures, time."""
+        fields = asdict(self.spec)
+        fields["lambda"] = fields.pop("lam")
+        return {
+            **fields,
+            **self.evaluation.metrics(),
+            "seconds": self.seconds,
+            "trained_together": self.trained_together,
+        }
 
 
-def run(spec: RunSpec, data_dir: str | os.PathLike[str] | None = None) -> dict[str, object]:
-    """Train and evaluate one run; returns the spec's fields, the metrics of :func:`evaluate` and seconds."""
+def make_splits(dataset: MultiViewData, *, protocol: Protocol, seed: int) -> EvaluationSets:
+    """The sets an experiment trains and evaluates on: ``protocol``'s, with a conflictive test set."""
+    return assemble(dataset, protocol=protocol, seed=seed, conflictive=("test",))
+
+
+def run(spec: RunSpec, data_dir: str | os.PathLike[str] | None = None) -> RunResult:
+    """Train and evaluate one run."""
     return run_together([spec], data_dir)[0]
 
 
-def run_together(
-    specs: Sequence[RunSpec], data_dir: str | os.PathLike[str] | None = None
-) -> list[dict[str, object]]:
+def run_together(specs: Sequence[RunSpec], data_dir: str | os.PathLike[str] | None = None) -> list[RunResult]:
     """Runs that differ only in their seed and method, trained together as one stacked model
     (:func:`train_members`); results in the order of ``specs``.
 
@@ -137,39 +103,31 @@ def run_together(
         activation=first.activation,
         hidden=first.hidden,
         epochs=first.epochs,
-        hyperparameters=PAPER_HYPERPARAMETERS.get(first.dataset, PAPER_HYPERPARAMETERS["handwritten"]),
+        hyperparameters=dataset.spec.hyperparameters,
     )
     started = time.perf_counter()
-    models = train_members(
-        [splits[spec.seed].train for spec in specs],
-        [splits[spec.seed].train_labels for spec in specs],
+    trained = train_members(
+        [splits[spec.seed].train.features() for spec in specs],
+        [splits[spec.seed].train.labels for spec in specs],
         num_classes=dataset.num_classes,
         config=config,
         seeds=[spec.seed for spec in specs],
         methods=[spec.method for spec in specs],
     )
     seconds = (time.perf_counter() - started) / len(specs)
-    results: list[dict[str, object]] = [{}] * len(specs)
-    for i, spec, model in zip(order, specs, models, strict=True):
+    results: list[RunResult | None] = [None] * len(specs)
+    for i, spec, member in zip(order, specs, trained, strict=True):
         split = splits[spec.seed]
-        metrics = evaluate(
-            model,
-            split.clean,
-            split.clean_labels,
-            split.conflictive,
-            split.conflictive_labels,
-            method=spec.method,
-            lam=spec.lam,
+        evaluation = evaluate(
+            member.heads, split.test, split.conflictive["test"], method=spec.method, lam=spec.lam
         )
-        fields = asdict(spec)
-        fields["lambda"] = fields.pop("lam")
-        results[i] = {**fields, **metrics, "seconds": seconds, "trained_together": len(specs)}
+        results[i] = RunResult(spec, evaluation, seconds, len(specs))
     return results
 
 
 def run_grid(
     specs: Iterable[RunSpec], data_dir: str | os.PathLike[str] | None, *, workers: int = 1
-) -> list[dict[str, object]]:
+) -> list[RunResult]:
     """Run every spec. Runs that differ only in their seed and method train together (:func:`run_together`);
     the groups go to ``workers`` processes, each torch single-threaded (these small models train fastest
     one per core), largest dataset first so that the small ones fill in at the end. With fewer groups than
@@ -201,7 +159,7 @@ def run_grid(
     else:
         with ProcessPoolExecutor(max_workers=workers, initializer=_configure_worker) as pool:
             outcomes = list(pool.map(run_together, batches, [data_dir] * len(batches)))
-    results: list[dict[str, object]] = [{}] * len(specs)
+    results: list[RunResult | None] = [None] * len(specs)
     for group, outcome in zip(groups, outcomes, strict=True):
         for i, result in zip(group, outcome, strict=True):
             results[i] = result
@@ -213,9 +171,11 @@ def _expected_cost(spec: RunSpec, data_dir: str | os.PathLike[str] | None) -> fl
     return len(_load(spec.dataset, str(data_dir) if data_dir is not None else None).labels) * spec.epochs
 
 
-def summary_table(results: Sequence[dict[str, object]], *, metric: str) -> str:
+def summary_table(results: Sequence[Mapping[str, object]], *, metric: str) -> str:
     """Markdown table of ``metric`` as mean +- std over seeds, datasets as columns, one row per method, and
-    per activation and hidden layers where the results have more than one of them."""
+    per activation and hidden layers where the results have more than one of them.
+
+    ``results`` are records as ``results.json`` holds them (:meth:`RunResult.record`)."""
     datasets_seen = list(dict.fromkeys(str(r["dataset"]) for r in results))
     rows = list(dict.fromkeys(_row(r) for r in results))
     label_activation = len({row[1] for row in rows}) > 1
@@ -243,48 +203,53 @@ SUMMARY_SECTIONS = (
 )
 
 
-def summary_markdown(results: Sequence[dict[str, object]]) -> str:
+def summary_markdown(results: Sequence[Mapping[str, object]]) -> str:
     """The paper's tables (AUROC, clean and conflictive accuracy) and ECE, as markdown sections."""
     return "\n".join(
         f"## {title}\n\n{summary_table(results, metric=metric)}\n" for title, metric in SUMMARY_SECTIONS
     )
 
 
-def _row(result: dict[str, object]) -> tuple[str, str, tuple[int, ...]]:
+def _row(result: Mapping[str, object]) -> tuple[str, str, tuple[int, ...]]:
     return str(result["method"]), str(result.get("activation", "")), tuple(result.get("hidden", ()))
 
 
 def write_results(
-    results: Sequence[dict[str, object]],
+    results: Sequence[RunResult],
     out_dir: str | os.PathLike[str],
     *,
     wall_seconds: float | None = None,
 ) -> Path:
-    """``out_dir/results.json`` (without raw uncertainties), ``results.md`` (the paper's tables),
+    """``out_dir/results.json`` (each run's :meth:`RunResult.record`), ``results.md`` (the paper's tables),
     ``uncertainties.npz`` (fused uncertainties per run, keyed by index) and the plots of
     :mod:`training.plots`. Returns the directory."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in results]
-    document: dict[str, object] = {"results": public}
+    records = [result.record() for result in results]
+    document: dict[str, object] = {"results": records}
     if wall_seconds is not None:
         document["wall_seconds"] = round(wall_seconds, 3)  # ms: a small grid takes well under 0.1 s
     (out / "results.json").write_text(json.dumps(document, indent=1) + "\n")
-    (out / "results.md").write_text(summary_markdown(results))
+    (out / "results.md").write_text(summary_markdown(records))
     arrays = {}
-    for i, r in enumerate(results):  # keyed by the run's index in results.json
-        arrays[f"{i}_normal"] = r["_u_normal"]
-        arrays[f"{i}_conflict"] = r["_u_conflict"]
+    for i, result in enumerate(results):  # keyed by the run's index in results.json
+        arrays[f"{i}_normal"] = result.evaluation.u_normal
+        arrays[f"{i}_conflict"] = result.evaluation.u_conflict
     np.savez_compressed(out / "uncertainties.npz", **arrays)
     write_plots(out)
     return out
 
 
 @functools.lru_cache(maxsize=8)
-def _load(name: str, data_dir: str | None) -> datasets.MultiViewData:
+def _load(name: str, data_dir: str | None) -> MultiViewData:
+    """A benchmark dataset by registry name (``synthetic``: a small generated one, for tests).
+
+    An unknown name is a KeyError listing the known ones: a run never borrows another dataset's settings.
+    """
     if name == "synthetic":
-        return datasets.synthetic(300, num_classes=3, seed=0)
-    return datasets.load(name, data_dir if data_dir is not None else os.environ.get("DBF_DATA_DIR", "data"))
+        return synthetic(300, num_classes=3, seed=0)
+    spec = dataset_spec(name)
+    return read_registered(spec, data_dir if data_dir is not None else os.environ.get("DBF_DATA_DIR", "data"))
 
 
 def _configure_worker() -> None:

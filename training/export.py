@@ -1,11 +1,12 @@
-"""Export trained heads as a checksummed model repository entry: one ONNX file per view and manifest.json.
+"""Write trained heads as a checksummed model repository entry: one ONNX file per view and manifest.json.
 
 Each head's graph takes the view's raw features, float32 ``(N, dim)`` with a dynamic batch axis, and returns
 evidence float32 ``(N, K)``: the min-max scaling fitted on the training split and the activation are inside
 the graph, so the service feeds features exactly as the data stores them. The graphs are built node by node
 with ``onnx.helper`` (linear layers, ReLU, the capped exponential): small, readable, and the same bytes for
 the same weights. Nothing is written unless every head matches its torch original (max relative error 1e-4)
-under onnxruntime.
+under onnxruntime, and the entry appears all at once (:func:`write_model`). :mod:`training.fit` trains what
+is written here.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 import platform
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 
@@ -25,12 +26,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from fusion import Method, fuse, opinion_from_evidence
-from manifest import ConflictFlag, FlagRates, FusionDefaults, Manifest, Metrics, ViewEntry
-from training import data as datasets
-from training.heads import EVIDENCE_CAP, ViewHead
-from training.metrics import accuracy, auroc
-from training.train import PAPER_HYPERPARAMETERS, TrainConfig, predict_evidence, train
+from manifest import Manifest, ViewEntry
+from training.heads import EVIDENCE_CAP, EvidentialHeads, ViewHead
+from training.protocol import MinMaxScaler
 
 PARITY_TOLERANCE = 1e-4
 _OPSET = 17
@@ -121,169 +119,55 @@ def check_parity(
     return error
 
 
-def calibrate_flag(
-    clean: Mapping[str, np.ndarray],
-    conflictive: Mapping[str, np.ndarray],
+def write_model(
+    out_dir: str | os.PathLike[str],
     *,
-    target_false_positive_rate: float,
-) -> tuple[str, float, dict[str, float]]:
-    """Choose the flag's score and threshold on validation data.
+    heads: EvidentialHeads,
+    scaler: MinMaxScaler,
+    parity: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    manifest: Callable[[list[ViewEntry]], Manifest],
+    extras: Callable[[Path, Manifest], object] | None = None,
+) -> Manifest:
+    """Write ``heads`` as the model directory ``out_dir``: an ONNX graph per view, ``manifest.json``, extras.
+
+    Everything goes into a staging directory beside ``out_dir``, renamed into place once written and
+    verified: a failure leaves ``out_dir`` (an existing model or nothing) untouched.
 
     Parameters
     ----------
-    clean, conflictive : dicts ``{"uncertainty": (N,), "max_conflict": (N,)}``
-        Scores of clean validation samples and of their conflictive copies.
-
-    Returns
-    -------
-    (score, threshold, validation AUROC per score)
-        The score that separates better; the threshold flags ``target_false_positive_rate`` of the clean
-        samples (``score >= threshold``).
+    heads : EvidentialHeads
+        One head per view, in the order of ``scaler``'s views.
+    scaler : MinMaxScaler
+        The scaling each graph applies to raw features first.
+    parity : mapping of view name to (raw, scaled) arrays, each (n, d_v)
+        Rows to check each graph on (:func:`check_parity`): raw features and the scaled ones the head saw.
+    manifest : callable
+        Makes the manifest from the written views' entries.
+    extras : callable, optional
+        Writes more files (a model card) into the staging directory, given it and the manifest.
     """
-    separation = {
-        name: auroc(
-            np.concatenate([clean[name], conflictive[name]]),
-            np.concatenate([np.zeros(len(clean[name]), bool), np.ones(len(conflictive[name]), bool)]),
-        )
-        for name in ("uncertainty", "max_conflict")
-    }
-    score = max(separation, key=separation.get)
-    # With score >= threshold, this flags the target share of clean samples (more only where scores tie).
-    threshold = float(np.quantile(clean[score], 1 - target_false_positive_rate, method="higher"))
-    return score, threshold, separation
-
-
-def flag_scores(evidence: np.ndarray, *, method: Method, lam: float) -> dict[str, np.ndarray]:
-    """The flag's two candidate scores: fused uncertainty and the largest pairwise conflict, each (N,)."""
-    fused = fuse(opinion_from_evidence(evidence), method, lam=lam)
-    return {"uncertainty": fused.uncertainty, "max_conflict": fused.conflict.max(axis=(-1, -2))}
-
-
-def export(
-    dataset_name: str,
-    out_dir: str | os.PathLike[str],
-    *,
-    data_dir: str | os.PathLike[str],
-    method: Method = "dbf",
-    lam: float = 1.0,
-    config: TrainConfig | None = None,
-    seed: int = 0,
-    target_false_positive_rate: float = 0.05,
-    name: str | None = None,
-) -> Manifest:
-    """Train on the held-out protocol's training split, calibrate, export and verify; write ``out_dir``.
-
-    ``out_dir`` is replaced only once everything is written and verified (a failed export leaves any
-    existing model untouched).
-    """
-    dataset = datasets.load(dataset_name, data_dir)
-    spec = dataset.spec
-    names = list(spec.view_names)
-    config = config or TrainConfig(
-        method=method, lam=lam, hyperparameters=PAPER_HYPERPARAMETERS[dataset_name], seed=seed
-    )
-    train_idx, val_idx, test_idx = datasets.stratified_split(dataset.labels, seed=seed)
-    scaler = datasets.MinMaxScaler.fit(dataset.take(train_idx).views)
-    scaled = scaler.transform(dataset.views)
-    torch.set_num_threads(1)  # deterministic float summation order, hence the same weights and bytes
-    model = train(
-        [scaled[v][train_idx] for v in names],
-        dataset.labels[train_idx],
-        num_classes=spec.num_classes,
-        config=config,
-    )
-
-    rng = np.random.default_rng(seed)
-    scores = {}
-    for split, idx in (("validation", val_idx), ("test", test_idx)):
-        clean = {v: scaled[v][idx] for v in names}
-        conflictive, _ = datasets.make_conflictive(
-            clean, dataset.labels[idx], rng=rng, num_classes=spec.num_classes
-        )
-        scores[split] = [
-            predict_evidence(model, [clean[v] for v in names]),
-            predict_evidence(model, [conflictive[v] for v in names]),
-        ]
-    flag_inputs = {
-        split: [flag_scores(e, method=method, lam=lam) for e in pair] for split, pair in scores.items()
-    }
-    score, threshold, separation = calibrate_flag(
-        *flag_inputs["validation"], target_false_positive_rate=target_false_positive_rate
-    )
-
-    def rates(split: str) -> FlagRates:
-        clean, conflictive = flag_inputs[split]
-        return FlagRates(
-            clean=float(np.mean(clean[score] >= threshold)),
-            conflictive=float(np.mean(conflictive[score] >= threshold)),
-        )
-
-    test_clean, test_conflict = scores["test"]
-    fused_clean = fuse(opinion_from_evidence(test_clean), method, lam=lam)
-    fused_conflict = fuse(opinion_from_evidence(test_conflict), method, lam=lam)
-    all_evidence = predict_evidence(model, [scaled[v] for v in names])
-    metrics = Metrics(
-        acc_normal=accuracy(fused_clean.probability, dataset.labels[test_idx]),
-        acc_conflict=accuracy(fused_conflict.probability, dataset.labels[test_idx]),
-        auc=auroc(
-            np.concatenate([fused_clean.uncertainty, fused_conflict.uncertainty]),
-            np.repeat([False, True], len(test_idx)),
-        ),
-        acc_all_samples=accuracy(
-            fuse(opinion_from_evidence(all_evidence), method, lam=lam).probability, dataset.labels
-        ),
-    )
-
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         entries = []
-        for v, head in zip(names, model.heads, strict=True):
+        for v, head in zip(scaler.minimum, heads.heads, strict=True):
             graph = head_to_onnx(head, scaler.minimum[v], scaler.maximum[v], view=v).SerializeToString()
-            check_parity(graph, head, dataset.views[v], scaled[v], view=v)
+            raw, scaled = parity[v]
+            check_parity(graph, head, raw, scaled, view=v)
             (staging / f"{v}.onnx").write_bytes(graph)
             entries.append(
                 ViewEntry(
                     name=v,
-                    dim=dataset.views[v].shape[1],
+                    dim=int(scaler.minimum[v].shape[0]),
                     file=f"{v}.onnx",
                     sha256=hashlib.sha256(graph).hexdigest(),
                 )
             )
-        manifest = Manifest(
-            name=name or dataset_name,
-            dataset=dataset_name,
-            classes=list(spec.class_names),
-            views=entries,
-            fusion=FusionDefaults(method=method, lam=lam),
-            conflict_flag=ConflictFlag(
-                score=score,
-                threshold=threshold,
-                target_false_positive_rate=target_false_positive_rate,
-                validation_auroc=separation,
-                validation=rates("validation"),
-                test=rates("test"),
-            ),
-            metrics=metrics,
-            training={
-                "protocol": "heldout",
-                "seed": seed,
-                "method": config.method,
-                "lambda": config.lam,
-                "activation": config.activation,
-                "hidden": list(config.hidden),
-                "epochs": config.epochs,
-                "batch_size": config.batch_size,
-                "lr": config.hyperparameters.lr,
-                "annealing_step": config.hyperparameters.annealing_step,
-                "gamma": config.hyperparameters.gamma,
-                "weight_decay": config.hyperparameters.weight_decay,
-                "splits": {"train": len(train_idx), "validation": len(val_idx), "test": len(test_idx)},
-            },
-            provenance=_provenance(),
-        )
-        (staging / "manifest.json").write_text(manifest.json_text())
+        written = manifest(entries)
+        (staging / "manifest.json").write_text(written.json_text())
+        if extras is not None:
+            extras(staging, written)
         staging.chmod(0o755)  # mkdtemp's 0700 would make the model private to its writer
         if out.exists():  # two renames: the old model is in place until the new one takes its name
             retired = out.with_name(f".{out.name}.retired")
@@ -296,10 +180,11 @@ def export(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return manifest
+    return written
 
 
-def _provenance() -> dict[str, str]:
+def provenance() -> dict[str, str]:
+    """Versions of the code and libraries that make a model, for its manifest."""
     versions = {"python": platform.python_version()}
     for package in ("dbf-serve", "torch", "numpy", "onnx"):
         try:
@@ -331,9 +216,9 @@ def exported_evidence(model_dir: str | os.PathLike[str], views: Mapping[str, np.
 
 __all__: Sequence[str] = [
     "ParityError",
-    "calibrate_flag",
     "check_parity",
-    "export",
     "exported_evidence",
     "head_to_onnx",
+    "provenance",
+    "write_model",
 ]

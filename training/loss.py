@@ -112,10 +112,16 @@ def digamma_trigamma(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return digamma, trigamma
 
 
-def consistency_loss(conflict: torch.Tensor) -> torch.Tensor:
-    """``L_con = 1/(V-1) sum_p sum_{q != p} DC(w^p, w^q)`` (Eq. 18) from a conflict matrix (..., V, V)."""
-    v = conflict.shape[-1]
-    return conflict.sum((-1, -2)) / max(v - 1, 1)
+def consistency_loss(conflict: torch.Tensor, *, views_present: torch.Tensor | None = None) -> torch.Tensor:
+    """``L_con = 1/(V-1) sum_p sum_{q != p} DC(w^p, w^q)`` (Eq. 18) from a conflict matrix (..., V, V).
+
+    ``views_present`` (...) counts each sample's views where some are missing (their rows and columns of
+    the conflict matrix are 0): V is then that count.
+    """
+    if views_present is None:
+        v = conflict.shape[-1]
+        return conflict.sum((-1, -2)) / max(v - 1, 1)
+    return conflict.sum((-1, -2)) / (views_present - 1).clamp(min=1)
 
 
 def annealing_coefficient(epoch: int, annealing_step: int) -> float:
@@ -132,6 +138,7 @@ def total_loss(
     annealing: float,
     beta: float = 1.0,
     gamma: float,
+    mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, FusedOpinion]:
     """The training objective per sample (Eq. 19), and the fused opinion it was computed from.
 
@@ -148,6 +155,10 @@ def total_loss(
         The fusion whose opinion the fused term trains (:func:`fusion.fuse`). A sequence gives one method
         per model along the first axis of ``evidence`` (M, N, V, K): models fused differently, trained at
         once. Each run of equal neighbours is fused in one call, so keep a method's models together.
+
+    mask : bool tensor, shape (..., N, V), optional
+        Which views each sample has (None: all). A missing view is fused as absent (``fusion.fuse``'s
+        mask), adds no term of its own, and V counts the present views only.
 
     Returns
     -------
@@ -166,17 +177,24 @@ def total_loss(
     """
     v, k = evidence.shape[-2:]
     target = torch.nn.functional.one_hot(labels, k).to(evidence.dtype)
-    fused = _fuse_per_model(opinion_from_evidence(evidence), method, lam=lam)
+    fused = _fuse_per_model(opinion_from_evidence(evidence), method, lam=lam, mask=mask)
     fused_alpha = evidence_from_opinion(fused) + 1
     fused_term = evidential_loss(fused_alpha, target, annealing=annealing)
-    view_terms = evidential_loss(evidence + 1, target[..., None, :], annealing=annealing).sum(-1)
-    accuracy_terms = (fused_term + beta * view_terms) / (1 + beta * v)
-    return accuracy_terms + gamma * consistency_loss(fused.conflict), fused
+    view_terms = evidential_loss(evidence + 1, target[..., None, :], annealing=annealing)
+    if mask is None:
+        accuracy_terms = (fused_term + beta * view_terms.sum(-1)) / (1 + beta * v)
+        return accuracy_terms + gamma * consistency_loss(fused.conflict), fused
+    present = mask.sum(-1).to(evidence.dtype)
+    view_terms = torch.where(mask, view_terms, torch.zeros_like(view_terms)).sum(-1)
+    accuracy_terms = (fused_term + beta * view_terms) / (1 + beta * present)
+    return accuracy_terms + gamma * consistency_loss(fused.conflict, views_present=present), fused
 
 
-def _fuse_per_model(opinion: Opinion, method: Method | Sequence[Method], *, lam: float) -> FusedOpinion:
+def _fuse_per_model(
+    opinion: Opinion, method: Method | Sequence[Method], *, lam: float, mask: torch.Tensor | None
+) -> FusedOpinion:
     if isinstance(method, str):
-        return fuse(opinion, method, lam=lam)
+        return fuse(opinion, method, lam=lam, mask=mask)
     if len(method) != opinion.belief.shape[0]:
         raise ValueError(f"{len(method)} methods for {opinion.belief.shape[0]} models")
     parts = []
@@ -184,7 +202,7 @@ def _fuse_per_model(opinion: Opinion, method: Method | Sequence[Method], *, lam:
     for name, run in itertools.groupby(method):
         stop = start + len(list(run))
         part = Opinion(belief=opinion.belief[start:stop], uncertainty=opinion.uncertainty[start:stop])
-        parts.append(fuse(part, name, lam=lam))
+        parts.append(fuse(part, name, lam=lam, mask=None if mask is None else mask[start:stop]))
         start = stop
     if len(parts) == 1:
         return parts[0]

@@ -22,11 +22,13 @@ import numpy.typing as npt
 from scipy.stats import rankdata
 
 from calibration import expected_calibration_error as top_label_ece
+from calibration import reliability_diagram
 
 __all__ = [
     "accuracy",
     "auroc",
     "expected_calibration_error",
+    "reliability",
     "brier_score",
     "negative_log_likelihood",
     "uncertainty_summary",
@@ -165,6 +167,29 @@ def expected_calibration_error(probability: npt.ArrayLike, labels: npt.ArrayLike
     p, y = _as_probability_and_labels(probability, labels)
     # The top-label ECE of a confidence is calibration's (one implementation for training and the service).
     return top_label_ece(p.max(axis=1), np.argmax(p, axis=1) == y, bins=bins)
+
+
+def reliability(
+    probability: npt.ArrayLike, labels: npt.ArrayLike, *, bins: int = 15
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The reliability diagram's points: per confidence bin (as :func:`expected_calibration_error` bins),
+    the mean confidence, the accuracy and the number of samples; NaN for an empty bin.
+
+    Returns
+    -------
+    confidence, accuracy : ndarray of float64, shape (bins,)
+    count : ndarray of int64, shape (bins,)
+
+    Examples
+    --------
+    >>> probability = np.array([[0.8, 0.2], [0.8, 0.2], [0.3, 0.7], [0.3, 0.7]])
+    >>> confidence, accuracy, count = reliability(probability, np.array([0, 1, 1, 1]), bins=2)
+    >>> confidence.tolist(), accuracy.tolist(), count.tolist()
+    ([nan, 0.75], [nan, 0.75], [0, 4])
+    """
+    p, y = _as_probability_and_labels(probability, labels)
+    diagram = reliability_diagram(p.max(axis=1), np.argmax(p, axis=1) == y, bins=bins)
+    return diagram.mean_confidence, diagram.accuracy, diagram.count
 
 
 def brier_score(probability: npt.ArrayLike, labels: npt.ArrayLike) -> float:

@@ -19,9 +19,10 @@ from fusion import Opinion, fuse, opinion_from_evidence
 from manifest import Manifest
 from tests.calibration.test_conformal import assert_guaranteed, empirical_coverage, splits_to_pin
 from tests.calibration.test_mapie import mapie_sets
-from training import data as datasets
 from training.calibrate import FusedSplit, evaluate_calibration, fit_calibration
 from training.export import exported_evidence
+from training.protocol import make_conflictive, stratified_split
+from training.readers import load
 
 pytestmark = pytest.mark.data
 
@@ -36,14 +37,14 @@ def fused(data_dir):
     out = {}
     for name in NAMES:
         entry = Manifest.model_validate_json((MODELS / name / "manifest.json").read_text())
-        data = datasets.load(name, data_dir)
+        data = load(name, data_dir)
         seed = int(entry.training["seed"])
-        _, validation, test = datasets.stratified_split(data.labels, seed=seed)
+        _, validation, test = stratified_split(data.labels, seed=seed)
         rng = np.random.default_rng(seed)  # drawn in export's order: validation, then test
         splits = {}
         for split, idx in (("validation", validation), ("test", test)):
             clean = {v: data.views[v][idx] for v in data.spec.view_names}
-            conflictive, _ = datasets.make_conflictive(
+            conflictive, _ = make_conflictive(
                 clean, data.labels[idx], rng=rng, num_classes=data.spec.num_classes
             )
             opinions = []

@@ -32,7 +32,7 @@ from tests.deploy.conftest import (
     stop,
 )
 from tests.service.conftest import free_port, running_service
-from training.data import load
+from training.readers import load
 
 pytestmark = pytest.mark.data
 

@@ -11,7 +11,7 @@ import pytest
 
 from fusion import METHODS
 from tests.service.conftest import MODELS, serving
-from training.data import load
+from training.readers import load
 
 HANDWRITTEN_DIMS = {"pix": 240, "fou": 76, "fac": 216, "zer": 47, "kar": 64, "mor": 6}
 

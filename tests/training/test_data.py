@@ -1,4 +1,5 @@
-"""training.data: registry, loading, checksums, download, splits, scaling, conflicts, synthetic data."""
+"""The benchmark datasets: registry (training.registry), reading the .mat files (training.readers), checksums
+and download (training.download), splits, scaling and conflicts (training.protocol), synthetic data."""
 
 from __future__ import annotations
 
@@ -16,22 +17,11 @@ import numpy as np
 import pytest
 import scipy.io
 
-from training.data import (
-    DATASETS,
-    ChecksumError,
-    DatasetSpec,
-    DownloadError,
-    MinMaxScaler,
-    MultiViewData,
-    dataset_spec,
-    download,
-    file_sha256,
-    load,
-    make_conflictive,
-    stratified_split,
-    synthetic,
-    verify,
-)
+from training.data import MultiViewData, synthetic
+from training.download import ChecksumError, DownloadError, download, file_sha256, verify
+from training.protocol import MinMaxScaler, make_conflictive, stratified_split
+from training.readers import load
+from training.registry import DATASETS, DatasetSpec, dataset_spec
 
 needs_data = pytest.mark.data
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from training.__main__ import main
-from training.data import load, synthetic
+from training.data import synthetic
 from training.experiment import (
     SUMMARY_SECTIONS,
     RunSpec,
@@ -20,22 +20,25 @@ from training.experiment import (
     summary_table,
     write_results,
 )
+from training.readers import load
+from training.registry import DATASETS
 
 
 @pytest.mark.parametrize("protocol", ["heldout", "paper"])
 def test_splits_shapes_and_disjointness(protocol):
     data = synthetic(300, num_classes=3, seed=0)
     splits = make_splits(data, protocol=protocol, seed=0)
-    assert len(splits.train) == len(splits.clean) == len(splits.conflictive) == 3
-    assert len(splits.train_labels) + len(splits.clean_labels) <= 300
+    train, clean, conflictive = (
+        s.features() for s in (splits.train, splits.test, splits.conflictive["test"])
+    )
+    assert len(train) == len(clean) == len(conflictive) == 3
+    assert len(splits.train.labels) + len(splits.test.labels) <= 300
     if protocol == "paper":
-        assert len(splits.train_labels) == 240 and len(splits.clean_labels) == 60
-        assert len(splits.conflictive_labels) == 60
+        assert len(splits.train.labels) == 240 and len(splits.test.labels) == 60
+        assert len(splits.conflictive["test"].labels) == 60
     else:  # conflictive copies of exactly the clean test samples
-        np.testing.assert_array_equal(splits.conflictive_labels, splits.clean_labels)
-        changed = np.stack(
-            [np.any(a != b, axis=1) for a, b in zip(splits.clean, splits.conflictive, strict=True)]
-        )
+        np.testing.assert_array_equal(splits.conflictive["test"].labels, splits.test.labels)
+        changed = np.stack([np.any(a != b, axis=1) for a, b in zip(clean, conflictive, strict=True)])
         assert (changed.sum(0) == 1).all()
 
 
@@ -43,13 +46,14 @@ def test_splits_shapes_and_disjointness(protocol):
 def test_heldout_scaling_is_fitted_on_the_training_split(data_dir):
     data = load("handwritten", data_dir)
     splits = make_splits(data, protocol="heldout", seed=0)
-    for view in splits.train:
+    for view in splits.train.features():
         assert view.min() >= 0 and view.max() <= 1
-    assert any(view.max() > 1 or view.min() < 0 for view in splits.clean)  # unseen extremes stay unclipped
+    # unseen extremes stay unclipped
+    assert any(view.max() > 1 or view.min() < 0 for view in splits.test.features())
 
 
 def test_run_reports_the_metrics():
-    result = run(RunSpec(dataset="synthetic", method="gbaf", epochs=5))
+    result = run(RunSpec(dataset="synthetic", method="gbaf", epochs=5)).record()
     for key in ("acc_normal", "acc_conflict", "auc", "ece", "brier", "nll", "seconds", "lambda"):
         assert key in result
     assert 0 <= result["acc_normal"] <= 1 and 0 <= result["auc"] <= 1
@@ -93,11 +97,12 @@ def test_grid_trains_seeds_together_and_draws_the_lambda_sweep(tmp_path):
     specs = [
         RunSpec(dataset="synthetic", lam=lam, seed=seed, epochs=3) for lam in (0.5, 2.0) for seed in (0, 1)
     ]
-    results = run_grid(specs, None, workers=1)
+    grid = run_grid(specs, None, workers=1)
+    results = [r.record() for r in grid]
     assert [(r["lambda"], r["seed"]) for r in results] == [(0.5, 0), (0.5, 1), (2.0, 0), (2.0, 1)]
     assert all(r["trained_together"] == 2 for r in results)
-    assert results[0]["acc_normal"] == run(specs[0])["acc_normal"]  # a member trains as it would alone
-    write_results(results, tmp_path)
+    assert results[0]["acc_normal"] == run(specs[0]).record()["acc_normal"]  # trains as it would alone
+    write_results(grid, tmp_path)
     assert (tmp_path / "lambda_sweep.png").read_bytes().startswith(b"\x89PNG")
 
 
@@ -107,11 +112,11 @@ def test_methods_train_together_as_each_would_alone():
         for method in ("gbaf", "bcf")
         for seed in (0, 1)
     ]
-    results = run_grid(specs, None, workers=1)
+    results = [r.record() for r in run_grid(specs, None, workers=1)]
     assert [(r["method"], r["seed"]) for r in results] == [("gbaf", 0), ("gbaf", 1), ("bcf", 0), ("bcf", 1)]
     assert all(r["trained_together"] == 4 for r in results)
     for spec, result in zip(specs, results, strict=True):
-        alone = run(spec)
+        alone = run(spec).record()
         assert (result["acc_normal"], result["auc"]) == (alone["acc_normal"], alone["auc"])
 
 
@@ -150,6 +155,37 @@ def test_activation_paper_is_the_papers_table_3_setup(tmp_path):
 
 def test_grid_halves_groups_until_every_worker_has_one():
     specs = [RunSpec(dataset="synthetic", method=method, seed=0, epochs=2) for method in ("dbf", "gbaf")]
-    results = run_grid(specs, None, workers=2)
+    results = [r.record() for r in run_grid(specs, None, workers=2)]
     assert [(r["method"], r["trained_together"]) for r in results] == [("dbf", 1), ("gbaf", 1)]
-    assert results[1]["auc"] == run(specs[1])["auc"]
+    assert results[1]["auc"] == run(specs[1]).record()["auc"]
+
+
+def test_an_unknown_dataset_is_refused_not_trained_with_another_ones_settings(tmp_path, capsys):
+    with pytest.raises(KeyError, match="unknown dataset 'mnist'; known: handwritten"):
+        run(RunSpec(dataset="mnist", epochs=1))
+    assert main(["experiment", "--dataset", "mnist", "--epochs", "1", "--out", str(tmp_path)]) == 1
+    assert (
+        "unknown dataset 'mnist'; known: handwritten, scene15, pie, cub, caltech101"
+        in capsys.readouterr().err
+    )
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.data
+def test_a_run_trains_with_its_datasets_hyperparameters(data_dir, monkeypatch):
+    import training.experiment as experiment
+
+    configs = []
+    train_members = experiment.train_members
+
+    def recording(*args, config, **kwargs):
+        configs.append(config)
+        return train_members(*args, config=config, **kwargs)
+
+    monkeypatch.setattr(experiment, "train_members", recording)
+    run(RunSpec(dataset="cub", epochs=1), data_dir)
+    assert (
+        configs[0].hyperparameters
+        == DATASETS["cub"].hyperparameters
+        != DATASETS["handwritten"].hyperparameters
+    )

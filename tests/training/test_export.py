@@ -11,9 +11,12 @@ import torch
 
 from manifest import Manifest
 from training import export as exporting
-from training.export import ParityError, calibrate_flag, check_parity, export, head_to_onnx
+from training.calibrate import calibrate_flag
+from training.export import ParityError, check_parity, head_to_onnx
+from training.fit import export
 from training.heads import ViewHead
-from training.train import PAPER_HYPERPARAMETERS, TrainConfig
+from training.registry import DATASETS
+from training.train import TrainConfig
 
 
 def _raw_and_scaled(rng, n=64, dim=7):
@@ -65,7 +68,7 @@ def test_flag_calibration_picks_the_better_score_and_meets_the_target_rate():
 
 
 def _quick(dataset: str) -> TrainConfig:
-    return TrainConfig(epochs=5, hyperparameters=PAPER_HYPERPARAMETERS[dataset])
+    return TrainConfig(epochs=5, hyperparameters=DATASETS[dataset].hyperparameters)
 
 
 @pytest.mark.data

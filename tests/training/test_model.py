@@ -131,7 +131,7 @@ def test_total_loss_has_finite_gradients_for_every_method(method):
 
 def _synthetic_split():
     data = synthetic(240, num_classes=3, noise=0.3, seed=1)
-    views = [data.views[name] for name in data.spec.view_names]
+    views = [data.views[name] for name in data.view_names]
     return [v[:180] for v in views], data.labels[:180], [v[180:] for v in views], data.labels[180:]
 
 

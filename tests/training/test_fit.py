@@ -1,0 +1,505 @@
+"""``python -m training fit``, black-box: tiny generated datasets in every format in, a model directory (or
+a clear error and nothing written) out; and the served answers of a fitted model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from fusion import fuse, opinion_from_evidence
+from manifest import Manifest
+from tests.service.conftest import running_service
+from training import export as exporting
+from training.__main__ import main
+from training.export import exported_evidence
+
+CLASSES = ("cat", "dog", "eel")
+DIMS = {"image": 5, "text": 3, "sensor": 4}
+QUICK = ["--epochs", "4", "--quiet"]  # a few epochs: these tests check the path, not the accuracy
+
+
+def dataset(
+    *, per_class: int = 20, missing: float = 0.0, seed: int = 0
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Views that each separate the classes (class means 3 apart, unit noise), string labels; with
+    ``missing``, that share of samples lacks one view (a row of NaN)."""
+    rng = np.random.default_rng(seed)
+    labels = rng.permutation(np.repeat(np.array(CLASSES), per_class))
+    codes = np.searchsorted(CLASSES, labels)
+    views = {}
+    for name, dim in DIMS.items():
+        means = 3 * rng.normal(size=(len(CLASSES), dim))
+        views[name] = (means[codes] + rng.normal(size=(labels.size, dim))).astype(np.float32)
+    if missing:
+        lacking = rng.random(labels.size) < missing
+        which = rng.integers(len(DIMS), size=labels.size)
+        for v, matrix in enumerate(views.values()):
+            matrix[lacking & (which == v)] = np.nan
+    return views, labels
+
+
+def write_npy(directory: Path, views: dict[str, np.ndarray], labels, **extra: np.ndarray) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, matrix in {**views, "labels": labels, **extra}.items():
+        np.save(directory / f"{name}.npy", matrix)
+    return directory
+
+
+def list_column(matrix: np.ndarray, *, fixed: bool = True) -> pa.Array:
+    """A view as a Parquet column: a (fixed-size) list of numbers per row, null where the row is NaN."""
+    missing = np.isnan(matrix).all(axis=1)
+    rows = [None if gone else row.tolist() for row, gone in zip(matrix, missing, strict=True)]
+    kind = pa.list_(pa.float32(), matrix.shape[1]) if fixed else pa.list_(pa.float64())
+    return pa.array(rows, type=kind)
+
+
+def write_parquet(path: Path, views: dict[str, np.ndarray], labels, *, label: str = "label", **extra) -> Path:
+    columns = {name: list_column(matrix, fixed=i % 2 == 0) for i, (name, matrix) in enumerate(views.items())}
+    pq.write_table(pa.table({**columns, label: pa.array(labels), **extra}), path)
+    return path
+
+
+def fit(*args: str) -> int:
+    return main(["fit", *map(str, args)])
+
+
+def read_manifest(directory: Path) -> Manifest:
+    return Manifest.model_validate_json((directory / "manifest.json").read_text())
+
+
+def assert_complete_model(directory: Path, manifest: Manifest) -> None:
+    figures = ("reliability.png", "coverage.png", "uncertainty.png", "training.png")
+    expected = {"manifest.json", "card.md", *figures} | {view.file for view in manifest.views}
+    assert {p.name for p in directory.iterdir()} == expected
+    assert manifest.schema_version == 2 and manifest.calibration is not None  # confidence, prediction sets
+    for figure in figures:
+        assert (directory / figure).read_bytes().startswith(b"\x89PNG")
+    assert not [p for p in directory.parent.iterdir() if p.name.startswith(".")]  # no staging left
+
+
+# -- every format ------------------------------------------------------------------------------------------
+
+
+def test_npy_directory_with_string_labels(tmp_path, capsys):
+    views, labels = dataset()
+    data = write_npy(tmp_path / "data", views, labels)
+    out = tmp_path / "models" / "pets"
+    assert fit("--data", data, "--out", out, *QUICK) == 0
+    manifest = read_manifest(out)
+    assert manifest.name == "pets" and manifest.dataset == "data"
+    assert manifest.classes == ["cat", "dog", "eel"]  # sorted
+    assert [(v.name, v.dim) for v in manifest.views] == [("image", 5), ("sensor", 4), ("text", 3)]  # by name
+    assert manifest.training["splits"] == {"train": 42, "validation": 6, "test": 12}
+    assert_complete_model(out, manifest)
+    card = (out / "card.md").read_text()
+    for section in ("## Data", "## Accuracy", "## Conflict detection", "## Calibration", "## Uncertainty"):
+        assert section in card
+    assert "| cat | 20 |" in card and "| `image` | 5 | 60 | 0.0% |" in card
+    assert f"AUROC {manifest.metrics.auc:.3f}" in card
+    printed = capsys.readouterr()
+    assert "epoch 4/4: loss" in printed.err  # --quiet: lines, not a bar
+    assert f"wrote {out}" in printed.out
+
+
+def test_labels_txt_with_classes_txt_order_and_integer_labels(tmp_path):
+    views, labels = dataset()
+    text = write_npy(tmp_path / "text", views, labels)
+    (text / "labels.npy").unlink()
+    (text / "labels.txt").write_text("\n".join(labels) + "\n")
+    (text / "classes.txt").write_text("eel\ncat\ndog\n")
+    assert fit("--data", text, "--out", tmp_path / "models" / "a", *QUICK) == 0
+    assert read_manifest(tmp_path / "models" / "a").classes == ["eel", "cat", "dog"]
+
+    codes = np.searchsorted(CLASSES, labels)  # integers, named by --classes
+    numbers = write_npy(tmp_path / "numbers", views, codes)
+    assert fit("--data", numbers, "--out", tmp_path / "models" / "b", "--classes", "c0,c1,c2", *QUICK) == 0
+    assert read_manifest(tmp_path / "models" / "b").classes == ["c0", "c1", "c2"]
+    assert fit("--data", numbers, "--out", tmp_path / "models" / "c", *QUICK) == 0
+    assert read_manifest(tmp_path / "models" / "c").classes == ["0", "1", "2"]
+
+
+def test_parquet_with_chosen_views_and_label_column(tmp_path):
+    views, labels = dataset()
+    data = write_parquet(tmp_path / "pets.parquet", views, labels, label="species", note=pa.array(["x"] * 60))
+    out = tmp_path / "models" / "pets"
+    command = ["--data", data, "--out", out, "--label-column", "species", "--views", "text,image"]
+    assert fit(*command, *QUICK) == 0
+    manifest = read_manifest(out)
+    assert [(v.name, v.dim) for v in manifest.views] == [("text", 3), ("image", 5)]
+    assert manifest.classes == ["cat", "dog", "eel"] and manifest.dataset == "pets"
+    assert_complete_model(out, manifest)
+
+
+def test_split_column(tmp_path):
+    views, labels = dataset()
+    split = np.empty(labels.size, dtype=object)
+    for name in CLASSES:  # per class: 14 to train, 2 to validate, 4 to test
+        split[labels == name] = ["train"] * 14 + ["validation"] * 2 + ["test"] * 4
+    data = write_parquet(tmp_path / "pets.parquet", views, labels, fold=pa.array(split.tolist()))
+    assert fit("--data", data, "--out", tmp_path / "m", "--split-column", "fold", *QUICK) == 0
+    assert read_manifest(tmp_path / "m").training["splits"] == {"train": 42, "validation": 6, "test": 12}
+    assert "split as the data's split column says" in (tmp_path / "m" / "card.md").read_text()
+
+
+@pytest.mark.data
+def test_a_benchmark_dataset_by_name(data_dir, tmp_path):
+    out = tmp_path / "cub"
+    assert fit("--data", "cub", "--data-dir", data_dir, "--out", out, "--epochs", "2", "--quiet") == 0
+    manifest = read_manifest(out)
+    assert manifest.dataset == "cub" and manifest.classes[0] == "Black_footed_Albatross"
+    assert manifest.training["annealing_step"] == 10  # the paper's hyperparameters for CUB
+
+
+def test_missing_views(tmp_path):
+    views, labels = dataset(missing=0.3)
+    lacking = {name: float(np.isnan(matrix[:, 0]).mean()) for name, matrix in views.items()}
+    assert all(0 < rate < 0.3 for rate in lacking.values())
+    for source in (
+        write_npy(tmp_path / "npy", views, labels),
+        write_parquet(tmp_path / "p.parquet", views, labels),
+    ):
+        out = tmp_path / "models" / source.stem
+        assert fit("--data", source, "--out", out, *QUICK) == 0
+        manifest = read_manifest(out)
+        assert 0 <= manifest.metrics.auc <= 1 and 0 <= manifest.metrics.acc_normal <= 1
+        card = (out / "card.md").read_text()
+        for name, rate in lacking.items():
+            assert f"| `{name}` | {DIMS[name]} | {round(60 * (1 - rate))} | {100 * rate:.1f}% |" in card
+        assert "fused from the views it has" in card
+
+
+# -- bad data: a clear error naming where, and nothing written ---------------------------------------------
+
+
+def _npy(mutate: Callable[[dict, np.ndarray, Path], None]) -> Callable[[Path], Path]:
+    def make(root: Path) -> Path:
+        views, labels = dataset()
+        directory = write_npy(root / "data", views, labels)
+        mutate(views, labels, directory)
+        return directory
+
+    return make
+
+
+def _parquet(build: Callable[[dict, np.ndarray], dict]) -> Callable[[Path], Path]:
+    def make(root: Path) -> Path:
+        views, labels = dataset()
+        path = root / "data.parquet"
+        pq.write_table(pa.table(build(views, labels)), path)
+        return path
+
+    return make
+
+
+def _columns(views: dict, labels, **replaced) -> dict:
+    columns = {name: list_column(matrix) for name, matrix in views.items()}
+    return {**columns, "label": pa.array(labels), **replaced}
+
+
+def _save(name: str, value) -> Callable[[dict, np.ndarray, Path], None]:
+    return lambda views, labels, directory: np.save(directory / f"{name}.npy", value(views, labels))
+
+
+def _with(views: dict, name: str, row: int, column: int, value: float) -> np.ndarray:
+    matrix = views[name].astype(np.float64)
+    matrix[row, column] = value
+    return matrix
+
+
+def _rename(old: str, new: str) -> Callable[[dict, np.ndarray, Path], None]:
+    return lambda views, labels, directory: (directory / old).rename(directory / new)
+
+
+def _labels_txt(text: str) -> Callable[[dict, np.ndarray, Path], None]:
+    def mutate(views, labels, directory):
+        (directory / "labels.npy").unlink()
+        (directory / "labels.txt").write_text(text(labels))
+
+    return mutate
+
+
+def _few_eels(views, labels, directory):
+    keep = np.flatnonzero(labels != "eel")[:40].tolist() + np.flatnonzero(labels == "eel")[:7].tolist()
+    for name, matrix in views.items():
+        np.save(directory / f"{name}.npy", matrix[keep])
+    np.save(directory / "labels.npy", labels[keep])
+
+
+def _unreadable(views, labels, directory):
+    (directory / "text.npy").write_bytes(b"\x93NUMPY but not really")
+
+
+def _one_view(views, labels, directory):
+    for name in ("text", "sensor"):
+        (directory / f"{name}.npy").unlink()
+
+
+def _no_view_at_all(views, labels, directory):
+    for name, matrix in views.items():
+        matrix[4] = np.nan
+        np.save(directory / f"{name}.npy", matrix)
+
+
+BAD_DATA = {
+    "row counts differ": (
+        _npy(_save("text", lambda views, labels: views["text"][:-1])),
+        [],
+        ["text.npy has 59 rows", "labels.npy has 60 labels"],
+    ),
+    "infinite value": (
+        _npy(_save("image", lambda views, labels: _with(views, "image", 7, 1, np.inf))),
+        [],
+        ["image.npy row 7, column 1: infinite"],
+    ),
+    "beyond float32": (
+        _npy(_save("image", lambda views, labels: _with(views, "image", 3, 2, 1e300))),
+        [],
+        ["image.npy row 3, column 2: infinite value (or one beyond float32's range)"],
+    ),
+    "partly NaN row": (
+        _npy(_save("sensor", lambda views, labels: _with(views, "sensor", 11, 2, np.nan))),
+        [],
+        ["sensor.npy row 11: NaN in column 2 among numbers"],
+    ),
+    "partly null row in Parquet": (
+        _parquet(
+            lambda views, labels: _columns(
+                views, labels, text=pa.array([[1.0, None, 2.0]] + [[0.0, 1.0, 2.0]] * 59)
+            )
+        ),
+        [],
+        ["data.parquet column 'text' row 0: NaN in column 1"],
+    ),
+    "rows of different lengths in Parquet": (
+        _parquet(
+            lambda views, labels: _columns(
+                views, labels, text=pa.array([[1.0, 2.0, 3.0]] * 5 + [[1.0, 2.0]] + [[0.0, 1.0, 2.0]] * 54)
+            )
+        ),
+        [],
+        ["data.parquet column 'text' row 5: 2 numbers, where earlier rows have 3"],
+    ),
+    "non-numeric view": (
+        _npy(_save("text", lambda views, labels: np.full((60, 3), "word"))),
+        [],
+        ["text.npy: dtype <U4 is not numeric"],
+    ),
+    "non-numeric Parquet column": (
+        _parquet(lambda views, labels: _columns(views, labels, text=pa.array(["word"] * 60))),
+        [],
+        ["data.parquet column 'text': type string is not numeric"],
+    ),
+    "view of width 0": (
+        _npy(_save("text", lambda views, labels: np.zeros((60, 0), np.float32))),
+        [],
+        ["text.npy: width 0"],
+    ),
+    "a single class": (
+        _npy(_save("labels", lambda views, labels: np.full(60, "cat"))),
+        [],
+        ["labels.npy: a single class ('cat')"],
+    ),
+    "a class too small to split": (
+        _npy(_few_eels),
+        [],
+        ["class 'eel' has 7 samples", "at least 10 per class are needed", "validation (10%), test (20%)"],
+    ),
+    "no labels": (
+        _npy(lambda views, labels, directory: (directory / "labels.npy").unlink()),
+        [],
+        ["no labels.npy or labels.txt"],
+    ),
+    "a label missing": (
+        _npy(_save("labels", lambda views, labels: np.array([*labels[:5], None, *labels[6:]], dtype=object))),
+        [],
+        ["labels.npy row 5: label missing"],
+    ),
+    "a label missing in Parquet": (
+        _parquet(
+            lambda views, labels: _columns(views, labels, label=pa.array([*labels[:9], None, *labels[10:]]))
+        ),
+        [],
+        ["data.parquet column 'label' row 9: label missing"],
+    ),
+    "an empty line of labels.txt": (
+        _npy(_labels_txt(lambda labels: "\n".join([*labels[:2], "", *labels[3:]]) + "\n")),
+        [],
+        ["labels.txt line 3: empty"],
+    ),
+    "no label column in Parquet": (
+        _parquet(lambda views, labels: {name: list_column(m) for name, m in views.items()}),
+        [],
+        ["data.parquet: no label column 'label'", "--label-column"],
+    ),
+    "labels of mixed types": (
+        _npy(_save("labels", lambda views, labels: np.array([1, *labels[1:]], dtype=object))),
+        [],
+        ["labels.npy: labels of mixed types (row 0 is integer, row 1 is string)"],
+    ),
+    "fractional labels": (
+        _npy(_save("labels", lambda views, labels: np.linspace(0, 2, 60))),
+        [],
+        ["labels.npy row 1: label", "is not a class"],
+    ),
+    "a view name the API cannot take": (
+        _npy(_rename("text.npy", "free text.npy")),
+        [],
+        ["free text.npy: 'free text' is not a valid view name for the API"],
+    ),
+    "a Parquet view name the API cannot take": (
+        _parquet(lambda views, labels: _columns(views, labels, **{"$text": list_column(views["text"])})),
+        [],
+        ["data.parquet column '$text': '$text' is not a valid view name"],
+    ),
+    "an unreadable .npy file": (_npy(_unreadable), [], ["text.npy: not a readable .npy file"]),
+    "an unreadable Parquet file": (
+        lambda root: (root / "data.parquet").write_bytes(b"PAR1 garbage") and root / "data.parquet",
+        [],
+        ["data.parquet: not a readable Parquet file"],
+    ),
+    "a sample without any view": (_npy(_no_view_at_all), [], ["row 4: no view at all"]),
+    "a single view": (_npy(_one_view), [], ["DBF fuses two or more views; found 1 (image)"]),
+    "an unknown view asked for": (
+        _npy(lambda views, labels, directory: None),
+        ["--views", "image,audio"],
+        ["no view 'audio' (audio.npy); views there: image, sensor, text"],
+    ),
+    "a label outside the given classes": (
+        _npy(lambda views, labels, directory: None),
+        ["--classes", "cat,dog"],
+        ["labels.npy row", "label 'eel' is not among the class names given (cat, dog)"],
+    ),
+    "an unknown split": (
+        _npy(_save("fold", lambda views, labels: np.array(["train"] * 59 + ["dev"]))),
+        ["--split-column", "fold"],
+        ["fold.npy row 59: split 'dev'; expected one of train, validation, test"],
+    ),
+    "a split without a class": (
+        _npy(_save("fold", lambda views, labels: np.where(labels == "eel", "train", "test").astype(object))),
+        ["--split-column", "fold"],
+        ["the split column puts no sample of class 'cat' in train"],
+    ),
+    "missing data": (lambda root: root / "nowhere", [], ["nowhere: no such file or directory"]),
+}
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("case", list(BAD_DATA))
+def test_bad_data_is_refused_naming_where_and_nothing_is_written(case, tmp_path, capsys):
+    make, options, expected = BAD_DATA[case]
+    source = make(tmp_path)
+    models = tmp_path / "models"
+    (models / "pets").mkdir(parents=True)
+    (models / "pets" / "manifest.json").write_text("the model served until now")
+    before = _snapshot(models)
+    assert fit("--data", source, "--out", models / "pets", *options, *QUICK) == 1
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and "Traceback" not in error
+    for fragment in expected:
+        assert fragment in error
+    assert _snapshot(models) == before
+    assert sorted(p.name for p in models.iterdir()) == ["pets"]
+
+
+def test_rows_of_other_lengths_are_found_in_any_batch(tmp_path, capsys, monkeypatch):
+    import training.readers
+
+    monkeypatch.setattr(training.readers, "_CHUNK_BYTES", 1)  # one row per batch
+    test_bad_data_is_refused_naming_where_and_nothing_is_written(
+        "rows of different lengths in Parquet", tmp_path, capsys
+    )
+
+
+def test_a_bad_model_name_is_refused_before_training(tmp_path, capsys):
+    views, labels = dataset()
+    data = write_npy(tmp_path / "data", views, labels)
+    assert fit("--data", data, "--out", tmp_path / "models" / "my model", *QUICK) == 1
+    assert "'my model' is not a valid model name" in capsys.readouterr().err
+    assert not (tmp_path / "models").exists()
+
+
+def test_a_failed_export_leaves_the_served_model_untouched(tmp_path, monkeypatch):
+    views, labels = dataset()
+    data = write_npy(tmp_path / "data", views, labels)
+    out = tmp_path / "models" / "pets"
+    assert fit("--data", data, "--out", out, *QUICK) == 0
+    before = _snapshot(tmp_path / "models")
+
+    def broken(*args, view, **kwargs):
+        raise exporting.ParityError(f"view {view}: ONNX evidence differs from torch")
+
+    monkeypatch.setattr(exporting, "check_parity", broken)
+    with pytest.raises(exporting.ParityError, match="view image"):
+        fit("--data", data, "--out", out, "--seed", "1", *QUICK)
+    assert _snapshot(tmp_path / "models") == before
+
+
+# -- data -> fit -> served: the service answers as the exported heads and fusion do in-process -------------
+
+
+def test_a_fitted_model_is_served_after_a_reload_as_its_heads_and_fusion_answer(tmp_path):
+    views, labels = dataset(missing=0.2, seed=3)
+    repository = tmp_path / "models"
+    first = write_npy(tmp_path / "first", *dataset(seed=4))
+    assert fit("--data", first, "--out", repository / "first", *QUICK) == 0
+    source = write_parquet(tmp_path / "pets.parquet", views, labels)
+    with running_service("--model-dir", str(repository)) as url:
+        assert [m["name"] for m in httpx.get(url + "/v1/models").json()["models"]] == ["first"]
+        # The command as users run it, into the served repository.
+        command = ["fit", "--data", str(source), "--out", str(repository / "pets"), *QUICK]
+        done = subprocess.run(
+            [sys.executable, "-m", "training", *command], capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr
+        reloaded = httpx.post(url + "/v1/admin/reload", timeout=60)
+        assert reloaded.status_code == 200 and reloaded.json()["models"] == ["first", "pets"]
+
+        picked = np.arange(0, 60, 3)
+        present = ~np.isnan(np.stack([views[name][picked, 0] for name in DIMS], axis=1))
+        assert (~present).any() and present.any(axis=1).all()
+        samples = [
+            {"views": {name: views[name][i].tolist() for name in DIMS if not np.isnan(views[name][i, 0])}}
+            for i in picked
+        ]
+        answer = httpx.post(url + "/v1/models/pets/predict", json={"samples": samples}, timeout=30)
+        assert answer.status_code == 200, answer.text
+        served = answer.json()
+
+    manifest = read_manifest(repository / "pets")
+    order = [view.name for view in manifest.views]
+    mask = np.stack([present[:, list(DIMS).index(name)] for name in order], axis=1)
+    features = {name: np.nan_to_num(views[name][picked]) for name in order}  # placeholders where missing
+    fused = fuse(opinion_from_evidence(exported_evidence(repository / "pets", features)), "dbf", mask=mask)
+    assert served["views"] == order
+    predictions = served["predictions"]
+    np.testing.assert_allclose(
+        [p["probability"] for p in predictions], fused.probability, rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        [p["uncertainty"] for p in predictions], fused.uncertainty, rtol=1e-5, atol=1e-6
+    )
+    assert [p["class_name"] for p in predictions] == [CLASSES[k] for k in fused.probability.argmax(-1)]
+    for p, conflict, discount, has in zip(predictions, fused.conflict, fused.discount, mask, strict=True):
+        for a in range(len(order)):
+            for b in range(len(order)):
+                value = p["conflict"][a][b] if p["conflict"][a] is not None else None
+                if has[a] and has[b]:
+                    assert value == pytest.approx(float(conflict[a, b]), rel=1e-5, abs=1e-6)
+                else:
+                    assert value is None
+        assert p["discount"] == pytest.approx(
+            {name: float(discount[v]) for v, name in enumerate(order) if has[v]}, rel=1e-5, abs=1e-6
+        )
+    assert json.loads((repository / "pets" / "manifest.json").read_text())["classes"] == list(CLASSES)

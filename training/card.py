@@ -1,0 +1,319 @@
+"""The model card: ``card.md`` beside the manifest, with its figures as PNG.
+
+A card is a sequence of sections; each is made by one function of :data:`SECTIONS` from what the fit measured
+(:class:`training.fit.FitReport`) and the manifest, as markdown text and the figures it shows. A new section
+(the calibration's, say: reliability before and after, coverage of the prediction sets) is one more function
+in that tuple.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fusion import opinion_from_evidence, projected_probability
+from manifest import Manifest
+from training.calibrate import REPORT_COVERAGES, evaluate_calibration
+from training.fit import FitReport
+
+__all__ = ["SECTIONS", "Figure", "Section", "write_card"]
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A PNG of the card: its file name, its caption, and how to draw it on a matplotlib figure."""
+
+    file: str
+    caption: str
+    draw: Callable[[object], None]  # given a matplotlib Figure, draws on it
+    size: tuple[float, float] = (5.0, 3.2)
+
+
+@dataclass(frozen=True)
+class Section:
+    title: str
+    text: str
+    figures: tuple[Figure, ...] = ()
+
+
+SectionMaker = Callable[[FitReport, Manifest], Section]
+
+
+def write_card(
+    directory: str | os.PathLike[str],
+    report: FitReport,
+    manifest: Manifest,
+    *,
+    sections: Sequence[SectionMaker] | None = None,
+) -> list[Path]:
+    """Write ``card.md`` and its figures into ``directory``; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    directory = Path(directory)
+    made = [make(report, manifest) for make in (SECTIONS if sections is None else sections)]
+    parts = [f"# Model card: {manifest.name}\n"]
+    written = []
+    for section in made:
+        parts.append(f"## {section.title}\n\n{section.text.strip()}\n")
+        for figure in section.figures:
+            canvas = plt.figure(figsize=figure.size)
+            figure.draw(canvas)
+            canvas.tight_layout()
+            canvas.savefig(directory / figure.file, dpi=100, metadata={"Software": None})
+            plt.close(canvas)
+            written.append(directory / figure.file)
+            parts.append(f"![{figure.caption}]({figure.file})\n\n*{figure.caption}*\n")
+    (directory / "card.md").write_text("\n".join(parts))
+    return [directory / "card.md", *written]
+
+
+# -- the sections --------------------------------------------------------------------------------------------
+
+
+def overview(report: FitReport, manifest: Manifest) -> Section:
+    data, metrics, flag = report.data, manifest.metrics, manifest.conflict_flag
+    views = ", ".join(f"`{view.name}` ({view.dim})" for view in manifest.views)
+    text = (
+        f"Discounted Belief Fusion ({manifest.fusion.method.upper()}, lambda {manifest.fusion.lam:g}) over "
+        f"{len(manifest.views)} views: {views}; {len(manifest.classes)} classes. Trained on "
+        f"`{data.source or data.name}` ({data.num_samples} samples).\n\n"
+        f"On held-out test samples it is right {_percent(metrics.acc_normal)} of the time; when one view "
+        f"of a sample is swapped for another class's, {_percent(metrics.acc_conflict)}. Fused uncertainty "
+        f"tells such conflictive samples from clean ones with AUROC {metrics.auc:.3f}, and the "
+        f"`high_conflict` flag raises on {_percent(flag.test.conflictive)} of them and "
+        f"{_percent(flag.test.clean)} of clean ones.\n\n"
+        "The service serves this directory from its model repository (`DBF_MODEL_DIR`, `models/` by "
+        "default) once it reloads (`POST /v1/admin/reload`, or `DBF_RELOAD_POLL_SECONDS`), at "
+        f"`/v1/models/{manifest.name}/predict`."
+    )
+    return Section("Summary", text)
+
+
+def data_summary(report: FitReport, manifest: Manifest) -> Section:
+    data, sets = report.data, report.sets
+    counts = np.bincount(data.labels, minlength=data.num_classes)
+    present = np.ones((data.num_samples, len(data.views)), bool) if sets.present is None else sets.present
+    rows = [
+        f"| `{view.name}` | {view.dim} | {int(present[:, v].sum())} | {_percent(1 - present[:, v].mean())} |"
+        for v, view in enumerate(manifest.views)
+    ]
+    views = "| view | features | samples with it | missing |\n|---|---|---|---|\n" + "\n".join(rows)
+    classes = "| class | samples |\n|---|---|\n" + "\n".join(
+        f"| {name} | {int(count)} |" for name, count in zip(data.class_names, counts, strict=True)
+    )
+    split = "as the data's split column says" if data.split is not None else "stratified (70/10/20%)"
+    text = (
+        f"{data.num_samples} samples from `{data.source or data.name}`, split {split}: "
+        f"{len(sets.train)} for training, {len(sets.validation)} for validation (early stopping and the "
+        f"flag's calibration), {len(sets.test)} for testing. Features are min-max scaled with the training "
+        "split's ranges, inside each view's ONNX graph.\n\n"
+        f"{views}\n\n{classes}\n"
+    )
+    if not data.complete:
+        text += (
+            "\nA sample lacking a view is fused from the views it has, in training as in serving; "
+            "conflictive copies are made of samples with two views or more "
+            f"({len(sets.conflictive['test'])} of the {len(sets.test)} test samples).\n"
+        )
+    return Section("Data", text)
+
+
+def accuracy_table(report: FitReport, manifest: Manifest) -> Section:
+    evidence, test = report.evidence["test"], report.sets.test
+    opinions = opinion_from_evidence(evidence)
+    predicted = np.argmax(projected_probability(opinions), axis=-1)  # (N, V)
+    present = np.ones(predicted.shape, bool) if test.present is None else test.present
+    rows = []
+    for v, view in enumerate(manifest.views):
+        has = present[:, v]
+        correct = float(np.mean(predicted[has, v] == test.labels[has])) if has.any() else float("nan")
+        rows.append(f"| `{view.name}` alone | {_percent(correct)} | {int(has.sum())} |")
+    metrics = manifest.metrics
+    rows += [
+        f"| fused | **{_percent(metrics.acc_normal)}** | {len(test)} |",
+        f"| fused, conflictive copies | {_percent(metrics.acc_conflict)} | "
+        f"{len(report.sets.conflictive['test'])} |",
+        f"| fused, every sample (incl. training) | {_percent(metrics.acc_all_samples)} | "
+        f"{report.data.num_samples} |",
+    ]
+    text = (
+        "Accuracy on the held-out test split: each view's head alone (on the samples that have it), then the "
+        "fused prediction.\n\n| | accuracy | samples |\n|---|---|---|\n" + "\n".join(rows)
+    )
+    return Section("Accuracy", text)
+
+
+def conflict_detection(report: FitReport, manifest: Manifest) -> Section:
+    flag, metrics = manifest.conflict_flag, manifest.metrics
+    separation = ", ".join(f"{score} {value:.3f}" for score, value in flag.validation_auroc.items())
+    text = (
+        "A conflictive copy of a test sample has one view replaced by that view of a sample of the next "
+        "class (the paper's protocol). Fused uncertainty separates conflictive from clean test samples "
+        f"with **AUROC {metrics.auc:.3f}** (0.5: not at all; 1: perfectly).\n\n"
+        f"The `high_conflict` flag raises when `{flag.score}` >= {flag.threshold:.4f}: the score that "
+        f"separated better on the validation split (AUROC {separation}), with the threshold that flags "
+        f"{_percent(flag.target_false_positive_rate)} of clean validation samples.\n\n"
+        "| split | clean samples flagged | conflictive samples flagged |\n|---|---|---|\n"
+        f"| validation | {_percent(flag.validation.clean)} | {_percent(flag.validation.conflictive)} |\n"
+        f"| test | {_percent(flag.test.clean)} | {_percent(flag.test.conflictive)} |\n"
+    )
+    return Section("Conflict detection", text)
+
+
+def calibration(report: FitReport, manifest: Manifest) -> Section:
+    """Reliability of the projected probability and of the calibrated ``confidence``; the prediction sets'
+    coverage against the level asked for, and their size, clean and conflictive."""
+    evaluation = report.evaluation
+    measured = evaluate_calibration(manifest.calibration, report.test, coverages=REPORT_COVERAGES, bins=10)
+    before, after = measured.reliability_projected, measured.reliability_confidence
+
+    def reliability_draw(canvas) -> None:
+        axis = canvas.add_subplot()
+        centres = (before.edges[:-1] + before.edges[1:]) / 2
+        for diagram, label, colour in ((before, "projected probability", "C1"), (after, "confidence", "C0")):
+            filled = diagram.count > 0
+            axis.plot(
+                diagram.mean_confidence[filled], diagram.accuracy[filled], "o-", color=colour, label=label
+            )
+        axis.plot([0, 1], [0, 1], "k--", linewidth=1, label="calibrated")
+        axis.set_xlim(0, 1)
+        axis.set_ylim(0, 1)
+        axis.set_xticks(centres[::2].round(2))
+        axis.set_xlabel("mean confidence in the bin")
+        axis.set_ylabel("accuracy in the bin")
+        axis.legend(fontsize=8, loc="upper left")
+
+    levels = sorted(measured.clean)
+
+    def coverage_draw(canvas) -> None:
+        axis = canvas.add_subplot()
+        axis.plot(levels, [measured.clean[c].coverage for c in levels], "o-", label="clean")
+        if measured.conflictive is not None:
+            axis.plot(levels, [measured.conflictive[c].coverage for c in levels], "o-", label="conflictive")
+        axis.plot([min(levels), max(levels)], [min(levels), max(levels)], "k--", linewidth=1, label="asked")
+        axis.set_xlabel("coverage asked for")
+        axis.set_ylabel("share of sets holding the true class")
+        axis.legend(fontsize=8)
+
+    section = manifest.calibration
+    rows = "".join(
+        f"| {c:g} | {_percent(measured.clean[c].coverage)} | {measured.clean[c].mean_set_size:.2f} | "
+        + (
+            f"{_percent(measured.conflictive[c].coverage)} | {measured.conflictive[c].mean_set_size:.2f} |\n"
+            if measured.conflictive is not None
+            else "n/a | n/a |\n"
+        )
+        for c in levels
+    )
+    text = (
+        "How far the answers can be taken at their word, on the clean test split. The projected probability "
+        f"of the predicted class has **ECE {measured.ece_projected:.3f}** (10 bins; Brier score "
+        f"{evaluation.brier:.3f}, negative log-likelihood {evaluation.nll:.3f} over all classes); the "
+        f"served `confidence` ({section.confidence.kind}, fitted on the clean validation split) has "
+        f"**ECE {measured.ece_confidence:.3f}**. The prediction sets use the "
+        f"{section.conformal.score.kind.upper()} score and {len(section.conformal.calibration_scores)} "
+        f"validation samples (coverage {section.conformal.default_coverage:g} unless a request asks for "
+        "another). Their coverage is guaranteed for samples like the clean ones; on conflictive samples it "
+        "is measured only:\n\n"
+        "| coverage asked | clean: covered | clean: mean set size | conflictive: covered | "
+        "conflictive: mean set size |\n|---|---|---|---|---|\n" + rows
+    )
+    figures = (
+        Figure(
+            "reliability.png",
+            "Reliability, clean test samples, before and after calibration",
+            reliability_draw,
+        ),
+        Figure(
+            "coverage.png",
+            "Prediction sets: coverage against the level asked for, test samples",
+            coverage_draw,
+        ),
+    )
+    return Section("Calibration: confidence and prediction sets", text, figures)
+
+
+def uncertainty(report: FitReport, manifest: Manifest) -> Section:
+    evaluation = report.evaluation
+
+    def draw(canvas) -> None:
+        axis = canvas.add_subplot()
+        bins = np.linspace(0, 1, 41)
+        axis.hist(evaluation.u_normal, bins=bins, alpha=0.6, density=True, label="clean")
+        axis.hist(evaluation.u_conflict, bins=bins, alpha=0.6, density=True, label="conflictive")
+        axis.set_xlim(0, 1)
+        axis.set_xlabel("fused uncertainty")
+        axis.set_ylabel("density")
+        axis.legend(fontsize=8)
+
+    views = ", ".join(
+        f"`{view.name}` {u:.3f}" for view, u in zip(manifest.views, evaluation.view_uncertainty, strict=True)
+    )
+    text = (
+        f"Mean fused uncertainty: {evaluation.uncertainty_normal:.3f} on clean test samples, "
+        f"{evaluation.uncertainty_conflict:.3f} on their conflictive copies. Mean uncertainty of each view "
+        f"alone on clean samples: {views}."
+    )
+    figure = Figure("uncertainty.png", "Fused uncertainty, clean vs conflictive test samples", draw)
+    return Section("Uncertainty", text, (figure,))
+
+
+def training(report: FitReport, manifest: Manifest) -> Section:
+    history, config = report.history, report.config
+    hp = config.hyperparameters
+
+    def draw(canvas) -> None:
+        axis = canvas.add_subplot()
+        epochs = np.arange(1, history.epochs + 1)
+        axis.plot(epochs, history.train_loss, label="training")
+        if history.validation_loss:
+            axis.plot(epochs, history.validation_loss, label="validation (KL fully annealed)")
+            axis.axvline(history.best_epoch, color="k", linestyle=":", linewidth=1, label="kept")
+        axis.set_xlabel("epoch")
+        axis.set_ylabel("loss")
+        axis.legend(fontsize=8)
+
+    if report.early_stopping is None:
+        stopping = f"{history.epochs} epochs"
+    else:
+        ending = "stopped early" if history.stopped_early else "reached the maximum"
+        stopping = (
+            f"{history.epochs} of at most {config.epochs} epochs ({ending}; patience "
+            f"{report.early_stopping.patience}), keeping epoch {history.best_epoch}'s heads, the best on the "
+            "validation loss"
+        )
+    total = sum(report.seconds.values())
+    text = (
+        f"One {'linear head' if not config.hidden else 'network'} per view with the "
+        f"{'capped exponential' if config.activation == 'exp' else 'softplus'} evidence activation, trained "
+        f"with the paper's loss fused by {config.method.upper()} (lambda {config.lam:g}): learning rate "
+        f"{hp.lr:g}, KL annealing over {hp.annealing_step} epochs, gamma {hp.gamma:g}, weight decay "
+        f"{hp.weight_decay:g}, batch {config.batch_size}, seeds {report.seed} (split) and {config.seed} "
+        f"(weights). {stopping}. {total:.0f} s in all "
+        f"({', '.join(f'{phase} {value:.1f} s' for phase, value in report.seconds.items())})."
+    )
+    figure = Figure("training.png", "Loss per epoch", draw)
+    return Section("Training", text, (figure,))
+
+
+SECTIONS: tuple[SectionMaker, ...] = (
+    overview,
+    data_summary,
+    accuracy_table,
+    conflict_detection,
+    calibration,
+    uncertainty,
+    training,
+)
+"""The card's sections, in order."""
+
+
+def _percent(value: float) -> str:
+    return "n/a" if np.isnan(value) else f"{100 * value:.1f}%"

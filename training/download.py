@@ -1,0 +1,195 @@
+"""Fetching the benchmark datasets from their public sources, and checking files against their SHA-256.
+
+Every download lands in a temporary file beside its target and is renamed into place only once its digest
+is the registry's (:mod:`training.registry`), so a file under a dataset's name is always the verified one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping
+from http.client import HTTPException
+from pathlib import Path
+
+from training.registry import DatasetSpec, dataset_spec
+
+__all__ = ["DOWNLOAD_COMMAND", "ChecksumError", "DownloadError", "download", "file_sha256", "verify"]
+
+_log = logging.getLogger(__name__)
+
+DOWNLOAD_COMMAND = "python -m training download --data-dir {data_dir}"
+
+
+class ChecksumError(ValueError):
+    """A file's SHA-256 is not the expected one.
+
+    Attributes
+    ----------
+    path : Path
+        The file checked.
+    expected, actual : str
+        Hex digests.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], expected: str, actual: str, *, detail: str = "") -> None:
+        self.path = Path(path)
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"{self.path}: SHA-256 is {actual}, expected {expected}{detail}")
+
+
+class DownloadError(RuntimeError):
+    """A dataset file could not be fetched (no source, or a network or HTTP failure)."""
+
+
+_CHUNK_BYTES = 1 << 20
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """Hex SHA-256 of a file's bytes, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        while chunk := stream.read(_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify(path: str | os.PathLike[str], sha256: str) -> None:
+    """Check that the file at ``path`` has the SHA-256 ``sha256`` (hex, any case).
+
+    Raises
+    ------
+    ChecksumError
+        If it has another; the message names the file and both digests.
+    FileNotFoundError
+        If there is no file.
+    """
+    actual = file_sha256(path)
+    if actual != sha256.lower():
+        raise ChecksumError(path, sha256.lower(), actual)
+
+
+def _source_url(spec: DatasetSpec, base_urls: str | Mapping[str, str] | None) -> str | None:
+    if base_urls is None:
+        return spec.url
+    base = base_urls if isinstance(base_urls, str) else base_urls.get(spec.name)
+    if base is None:
+        return spec.url
+    return base.rstrip("/") + "/" + spec.file_name
+
+
+def _fetch_verified(url: str, target: Path, sha256: str, timeout: float) -> None:
+    """Stream ``url`` into a temporary file beside ``target``, check it, then rename it into place.
+
+    The rename is atomic, so ``target`` is either absent, the old file, or the complete verified download;
+    the temporary file never outlives this call.
+    """
+    handle, temporary_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+    temporary = Path(temporary_name)
+    try:
+        digest = hashlib.sha256()
+        received = 0
+        try:
+            with os.fdopen(handle, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+                announced = response.headers.get("Content-Length")
+                while chunk := response.read(_CHUNK_BYTES):
+                    digest.update(chunk)
+                    out.write(chunk)
+                    received += len(chunk)
+        except (urllib.error.URLError, HTTPException, OSError) as error:
+            raise DownloadError(f"could not fetch {target} from {url}: {error}") from error
+        # http.client may end a body cut short without an error; the announced length tells it apart from a
+        # corrupt one, which only the digest can.
+        if announced is not None and announced.isdigit() and received != int(announced):
+            raise DownloadError(
+                f"incomplete download of {target} from {url}: {received} of {announced} bytes, discarded"
+            )
+        actual = digest.hexdigest()
+        if actual != sha256.lower():
+            raise ChecksumError(
+                target,
+                sha256.lower(),
+                actual,
+                detail=f" (downloaded from {url}: corrupt or incomplete, discarded)",
+            )
+        # mkstemp creates the file private to its owner; data files are world-readable like any download.
+        temporary.chmod(0o644)
+        os.replace(temporary, target)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def download(
+    names: Iterable[str | DatasetSpec],
+    data_dir: str | os.PathLike[str],
+    *,
+    base_urls: str | Mapping[str, str] | None = None,
+    timeout: float = 60.0,
+) -> list[Path]:
+    """Fetch dataset files into ``data_dir`` from their public sources, verifying each SHA-256.
+
+    A file already present with the right digest is not fetched again; one with a wrong digest is replaced.
+    Each download goes to a temporary file in ``data_dir`` and is renamed into place only once verified, so
+    an interrupted or corrupt download never leaves a file under the dataset's name. Failures are raised at
+    once, never retried.
+
+    Parameters
+    ----------
+    names : iterable of str or DatasetSpec
+        Datasets to fetch (keys of :data:`DATASETS`, or specs); all are resolved before any is fetched.
+    data_dir : path
+        Destination directory, created if needed.
+    base_urls : str or mapping of str to str, optional
+        Where to fetch from instead of the specs' URLs: one base URL for every dataset, or a base URL per
+        dataset name (others keep their spec's URL). The file name is appended to the base.
+    timeout : float
+        Seconds to wait on the network before giving up on a file.
+
+    Returns
+    -------
+    list of Path
+        The verified files, in the order of ``names``.
+
+    Raises
+    ------
+    ChecksumError
+        A download does not have the expected digest (the message names the file); nothing is kept.
+    DownloadError
+        A dataset has no known source or digest, or the fetch failed.
+    """
+    specs = [dataset_spec(name) for name in names]
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fetched = []
+    for spec in specs:
+        if spec.file_name is None:
+            raise DownloadError(f"{spec.name} is generated, there is nothing to download")
+        target = data_dir / spec.file_name
+        url = _source_url(spec, base_urls)
+        if url is None:
+            raise DownloadError(
+                f"{spec.name} ({spec.file_name}) has no public source configured: put the file in {data_dir}"
+            )
+        if spec.sha256 is None:
+            # Without a digest a truncated or substituted file could not be told from the real one.
+            raise DownloadError(
+                f"{spec.name} ({spec.file_name}) has no known SHA-256: refusing an unverified download"
+            )
+        if target.is_file():
+            try:
+                verify(target, spec.sha256)
+            except ChecksumError:
+                _log.warning("%s has the wrong SHA-256; fetching it again", target)
+            else:
+                _log.info("%s is present and verified", target)
+                fetched.append(target)
+                continue
+        _log.info("fetching %s from %s", target, url)
+        _fetch_verified(url, target, spec.sha256, timeout)
+        fetched.append(target)
+    return fetched

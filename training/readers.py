@@ -1,0 +1,726 @@
+"""Reading multi-view data: a directory of NumPy files, a Parquet file, or a benchmark ``.mat`` file.
+
+Every reader ends in the same checks (:func:`assemble`) and produces the same :class:`MultiViewData`; a
+problem is a :class:`DataError` naming the file, column or view, and the row (0-based; lines of a text file
+count from 1), raised before anything is trained or written.
+
+``DIR/`` (:func:`read_npy_directory`)
+    ``<view>.npy`` per view, shape ``(N, d)``, any integer or floating dtype; labels in ``labels.npy``
+    (``(N,)`` integers or strings) or ``labels.txt`` (one per line); optional ``classes.txt`` (class names in
+    label order). Every other ``.npy`` file is a view, named by its file name.
+``FILE.parquet`` (:func:`read_parquet`)
+    A label column (``label``) and one column per view holding a list or fixed-size list of numbers per row
+    (a plain numeric column is a view of width 1); every other column is a view.
+a registry name (:func:`read_registered`)
+    The benchmark dataset's ``.mat`` file in the data directory, as :mod:`training.registry` describes it.
+
+A missing view is a row of NaN in the ``.npy`` file or a null in the Parquet column. Labels that are
+strings become classes in sorted order (or in ``classes.txt`` / ``classes`` order); integer labels index the
+given class names, or else become classes in sorted order. Features are converted to float32 in chunks, so
+reading keeps one float32 copy of the data and little else.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from manifest import NAME_PATTERN
+from training.data import SPLIT_NAMES, DataError, MultiViewData
+from training.download import DOWNLOAD_COMMAND
+from training.registry import DATASETS, DatasetSpec, dataset_spec
+
+__all__ = [
+    "Column",
+    "assemble",
+    "features",
+    "load",
+    "read_npy_directory",
+    "read_parquet",
+    "read_registered",
+]
+
+# float32 bytes converted and checked at a time. Small batches keep reading's transient memory small:
+# 200,000 x 1024 floats from Parquet read with 62 MB above the data at 4 MiB a batch, 333 MB at 32 MiB (and
+# 20% faster).
+_CHUNK_BYTES = 1 << 22
+
+
+def _chunk_rows(width: int) -> int:
+    return max(1, _CHUNK_BYTES // (4 * max(width, 1)))
+
+
+_SPLIT_ALIASES = {
+    "train": 0,
+    "training": 0,
+    "validation": 1,
+    "val": 1,
+    "valid": 1,
+    "test": 2,
+    "testing": 2,
+}
+_INTEGER = re.compile(r"[+-]?\d+")
+
+
+class Column(NamedTuple):
+    """Values as read, and where they came from, for messages: ``DIR/pix.npy``, ``F.parquet column 'x'``."""
+
+    values: object
+    where: str
+
+
+def load(
+    source: str | os.PathLike[str] | DatasetSpec,
+    data_dir: str | os.PathLike[str] | None = None,
+    *,
+    views: Sequence[str] | None = None,
+    label_column: str | None = None,
+    classes: Sequence[str] | None = None,
+    split_column: str | None = None,
+) -> MultiViewData:
+    """Read a dataset: a registry name or spec (from ``data_dir``), a directory of ``.npy`` files, or a
+    Parquet file.
+
+    A string that is a registry name means that benchmark dataset; anything else is a path (write
+    ``./pie`` for a directory that happens to be called like one). The keyword options are those of the
+    format readers; a benchmark dataset takes none of them.
+
+    Raises
+    ------
+    FileNotFoundError
+        A benchmark file or the path is absent; the message says how to fetch the file.
+    DataError
+        The data cannot make a model (see the module notes); the message names the file, column and row.
+
+    Examples
+    --------
+    With the data in ``./data`` (``python -m training download``), ``load("handwritten", "data")`` has
+    six views, 2000 samples and 10 classes.
+    """
+    if isinstance(source, DatasetSpec) or (isinstance(source, str) and source in DATASETS):
+        options = {
+            "views": views,
+            "label_column": label_column,
+            "classes": classes,
+            "split_column": split_column,
+        }
+        given = [f"--{key.replace('_', '-')}" for key, value in options.items() if value is not None]
+        if given:
+            raise DataError(
+                f"{dataset_spec(source).name} is a benchmark dataset: {', '.join(given)} do not apply"
+            )
+        return read_registered(
+            source, os.environ.get("DBF_DATA_DIR", "data") if data_dir is None else data_dir
+        )
+    path = Path(source)
+    if not path.exists():
+        known = ", ".join(DATASETS)
+        raise FileNotFoundError(f"{path}: no such file or directory, nor a benchmark dataset ({known})")
+    common = {"views": views, "classes": classes, "split_column": split_column}
+    if path.is_dir():
+        return read_npy_directory(path, label_column=label_column or "labels", **common)
+    if path.suffix.lower() in (".parquet", ".pq"):
+        return read_parquet(path, label_column=label_column or "label", **common)
+    registered = [spec for spec in DATASETS.values() if spec.file_name == path.name]
+    if path.suffix.lower() == ".mat" and registered and label_column is None and views is None:
+        return read_registered(registered[0], path.parent)
+    raise DataError(
+        f"{path}: not a format dataset files come in: a directory of .npy files, a .parquet file, or a "
+        "benchmark dataset's .mat file"
+    )
+
+
+# -- the NumPy directory -------------------------------------------------------------------------------------
+
+
+def read_npy_directory(
+    directory: str | os.PathLike[str],
+    *,
+    views: Sequence[str] | None = None,
+    label_column: str = "labels",
+    classes: Sequence[str] | None = None,
+    split_column: str | None = None,
+) -> MultiViewData:
+    """Read ``directory``: one ``<view>.npy`` per view, labels, optional ``classes.txt`` (module notes).
+
+    ``views`` picks views and their order (default: every other ``.npy`` file, sorted by name);
+    ``label_column`` names the label file (``<name>.npy`` or ``<name>.txt``); ``split_column`` a file of
+    ``train`` / ``validation`` / ``test`` per sample in the same way; ``classes`` overrides ``classes.txt``.
+    """
+    directory = Path(directory)
+    reserved = {label_column, *([split_column] if split_column else [])}
+    labels = _text_or_npy(directory, label_column, role="labels")
+    if labels is None:
+        raise DataError(
+            f"{directory}: no {label_column}.npy or {label_column}.txt (the labels, one per sample)"
+        )
+    split = None
+    if split_column is not None:
+        split = _text_or_npy(directory, split_column, role="split")
+        if split is None:
+            raise DataError(f"{directory}: no {split_column}.npy or {split_column}.txt (the split column)")
+    found = sorted(path.stem for path in directory.glob("*.npy") if path.stem not in reserved)
+    names = list(views) if views is not None else found
+    for name in names:
+        if name not in found:
+            raise DataError(f"{directory}: no view {name!r} ({name}.npy); views there: {', '.join(found)}")
+    if not names:
+        raise DataError(f"{directory}: no view files (<view>.npy, one (N, d) matrix per view)")
+    for name in names:
+        _check_view_name(name, where=str(directory / f"{name}.npy"))
+    if classes is None and (directory / "classes.txt").is_file():
+        classes = _lines(directory / "classes.txt", role="classes")
+    # Shapes first, from the headers: a row-count mismatch is reported before any conversion.
+    arrays = {name: _open_npy(directory / f"{name}.npy") for name in names}
+    _check_rows(
+        {name: Column(array, str(directory / f"{name}.npy")) for name, array in arrays.items()}, labels
+    )
+    return assemble(
+        {
+            name: Column(
+                features(array, where=str(directory / f"{name}.npy")), str(directory / f"{name}.npy")
+            )
+            for name, array in arrays.items()
+        },
+        labels,
+        classes=classes,
+        split=split,
+        name=directory.resolve().name,
+        source=str(directory),
+    )
+
+
+def _open_npy(path: Path) -> np.ndarray:
+    """A view's ``.npy`` file, memory-mapped (converted chunk by chunk later), its shape and type checked."""
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as error:
+        if "object" in str(error).lower():  # Python objects (e.g. strings and None) cannot be mapped
+            raise DataError(f"{path}: not numeric data (Python objects); a view holds numbers") from error
+        raise DataError(f"{path}: not a readable .npy file: {error}") from error
+    if not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)):
+        raise DataError(f"{path}: dtype {array.dtype} is not numeric; a view holds numbers, shape (N, d)")
+    if array.ndim != 2:
+        hint = " (reshape a single feature to (N, 1))" if array.ndim == 1 else ""
+        raise DataError(f"{path}: shape {array.shape}; a view is a matrix (N, d){hint}")
+    return array
+
+
+def _text_or_npy(directory: Path, stem: str, *, role: str) -> Column | None:
+    """``stem.npy`` (1-D) or ``stem.txt`` (a value per line) in ``directory``; None when neither exists."""
+    npy, txt = directory / f"{stem}.npy", directory / f"{stem}.txt"
+    if npy.is_file():
+        try:
+            # Object arrays (e.g. pandas' string columns with gaps) are pickled by np.save: the user's own
+            # file, read by the user's own command, so unpickling it is theirs to allow.
+            values = np.load(npy, allow_pickle=True)
+        except (OSError, ValueError, EOFError) as error:
+            raise DataError(f"{npy}: not a readable .npy file: {error}") from error
+        if values.ndim != 1 and not (values.ndim == 2 and values.shape[1] == 1):
+            raise DataError(f"{npy}: shape {values.shape}; {role} are one value per sample, shape (N,)")
+        return Column(values.reshape(-1), str(npy))
+    if txt.is_file():
+        return Column(_lines(txt, role=role, keep_blank=True), str(txt))
+    return None
+
+
+def _lines(path: Path, *, role: str, keep_blank: bool = False) -> list[str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise DataError(f"{path}: not a readable text file of {role}: {error}") from error
+    lines = [line.strip() for line in text.splitlines()]
+    if not keep_blank:
+        lines = [line for line in lines if line]
+    return lines
+
+
+# -- Parquet -------------------------------------------------------------------------------------------------
+
+
+def read_parquet(
+    path: str | os.PathLike[str],
+    *,
+    views: Sequence[str] | None = None,
+    label_column: str = "label",
+    classes: Sequence[str] | None = None,
+    split_column: str | None = None,
+) -> MultiViewData:
+    """Read a Parquet file: a label column and a list-of-numbers column per view (module notes).
+
+    Each view column is read in record batches straight into its float32 matrix, so peak memory is the
+    float32 data plus one batch.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    try:
+        # Streamed, one buffer at a time, rather than a whole column chunk buffered ahead: with the batch
+        # conversion below, reading costs the float32 data plus a few batches, however large the file.
+        file = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
+    except (OSError, pa.ArrowException) as error:
+        raise DataError(f"{path}: not a readable Parquet file: {error}") from error
+    columns = list(file.schema_arrow.names)
+    for role, column in (("label", label_column), ("split", split_column)):
+        if column is not None and column not in columns:
+            option = "--label-column" if role == "label" else "--split-column"
+            raise DataError(
+                f"{path}: no {role} column {column!r} (columns: {', '.join(columns)}); name it with {option}"
+            )
+    reserved = {label_column, split_column}
+    names = list(views) if views is not None else [c for c in columns if c not in reserved]
+    for name in names:
+        if name not in columns or name in reserved:
+            raise DataError(f"{path}: no view column {name!r} (columns: {', '.join(columns)})")
+        _check_view_name(name, where=f"{path} column {name!r}")
+    if not names:
+        raise DataError(f"{path}: no view columns beside the label column {label_column!r}")
+    num_rows = file.metadata.num_rows
+    # glibc's allocator hands a freed batch back to the system at once; arrow's default pool (mimalloc)
+    # keeps it for reuse, which raised the peak of reading a 1024-wide column by half the data's size.
+    pool = pa.default_memory_pool()
+    pa.set_memory_pool(pa.system_memory_pool())
+    try:
+        matrices = {
+            name: _parquet_view(file, name, num_rows, where=f"{path} column {name!r}") for name in names
+        }
+        labels = Column(_parquet_scalars(file, label_column), f"{path} column {label_column!r}")
+        split = None
+        if split_column is not None:
+            split = Column(_parquet_scalars(file, split_column), f"{path} column {split_column!r}")
+    except (OSError, pa.ArrowException) as error:
+        raise DataError(f"{path}: not a readable Parquet file: {error}") from error
+    finally:
+        pa.set_memory_pool(pool)
+    return assemble(
+        {name: Column(matrix, f"{path} column {name!r}") for name, matrix in matrices.items()},
+        labels,
+        classes=classes,
+        split=split,
+        name=path.stem,
+        source=str(path),
+    )
+
+
+def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray:
+    """One view column as a float32 ``(N, d)`` matrix with NaN rows for nulls, read batch by batch."""
+    import pyarrow as pa
+
+    kind = file.schema_arrow.field(column).type
+    fixed = pa.types.is_fixed_size_list(kind)
+    is_list = fixed or pa.types.is_list(kind) or pa.types.is_large_list(kind)
+    item = kind.value_type if is_list else kind
+    if not (pa.types.is_integer(item) or pa.types.is_floating(item)):
+        raise DataError(f"{where}: type {kind} is not numeric; a view holds a list of numbers per row")
+    width = kind.list_size if fixed else (None if is_list else 1)
+    if width == 0:
+        raise DataError(f"{where}: width 0 (every sample needs at least one feature)")
+    out: np.ndarray | None = None
+    start = 0
+    batches = file.iter_batches(batch_size=_chunk_rows(width or 256), columns=[column], use_threads=False)
+    for batch in batches:
+        array = batch.column(0)
+        n = len(array)
+        valid = ~array.is_null().to_numpy(zero_copy_only=False)
+        if not is_list:
+            values = array.to_numpy(zero_copy_only=False).reshape(-1, 1)[valid]
+        else:
+            values = array.flatten().to_numpy(zero_copy_only=False)
+            if not fixed:  # every row's length: the first non-null row's
+                lengths = np.diff(array.offsets.to_numpy())[valid]
+                if width is None and lengths.size:
+                    width = int(lengths[0])
+                wrong = np.flatnonzero(lengths != width) if lengths.size else lengths
+                if wrong.size or width == 0:
+                    at = int(wrong[0]) if wrong.size else 0
+                    row = start + int(np.flatnonzero(valid)[at])
+                    if width == 0:
+                        raise DataError(f"{where} row {row}: an empty list; a view needs a feature per row")
+                    raise DataError(
+                        f"{where} row {row}: {int(lengths[at])} numbers, where earlier rows have {width}"
+                    )
+            values = values.reshape(-1, width) if width else values.reshape(0, 0)
+        if out is None and width is not None:
+            out = np.empty((num_rows, width), dtype=np.float32)
+            out[:start] = np.nan  # rows before the first non-null one: all missing
+        if out is not None:
+            block = out[start : start + n]
+            block[~valid] = np.nan
+            with np.errstate(over="ignore", invalid="ignore"):
+                block[valid] = values
+            _check_block(block, where=where, offset=start)
+        start += n
+    if out is None:  # every row null (or no rows): the width is unknowable
+        raise DataError(f"{where}: every row is null, so the view has no features to learn from")
+    return out
+
+
+def _parquet_scalars(file, column: str) -> np.ndarray:
+    """A label or split column as numpy: integers, floats (NaN for nulls) or objects (None for nulls)."""
+    import pyarrow as pa
+
+    array = file.read(columns=[column]).column(0).combine_chunks()
+    if pa.types.is_dictionary(array.type):
+        array = array.dictionary_decode()
+    return array.to_numpy(zero_copy_only=False)
+
+
+# -- the benchmark .mat files --------------------------------------------------------------------------------
+
+
+def read_registered(name: str | DatasetSpec, data_dir: str | os.PathLike[str]) -> MultiViewData:
+    """Read a benchmark dataset's ``.mat`` file from ``data_dir``, checking it against its spec.
+
+    Views come back as float32 ``(N, d_v)`` matrices, whatever orientation the file stores (the axis whose
+    length is the number of labels is the sample axis), and labels as 0-based int64. The file's checksum is
+    not checked here (:func:`training.download.verify`); its shapes and labels are, then the checks every
+    format gets.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the file is absent; the message names it and says how to fetch it.
+    ValueError
+        If the file is unreadable, lacks ``X`` or the label variable, or its view count, shapes or labels
+        differ from the spec; the message names the file.
+    """
+    import scipy.io
+    from scipy.io.matlab import MatReadError
+
+    spec = dataset_spec(name)
+    data_dir = Path(data_dir)
+    if spec.file_name is None:
+        raise ValueError(f"{spec.name} is generated, not read from a file")
+    path = data_dir / spec.file_name
+    if not path.is_file():
+        raise FileNotFoundError(f"{spec.name} data not found at {path}: {_fetch_hint(spec, data_dir)}")
+    try:
+        contents = scipy.io.loadmat(str(path))
+    except (MatReadError, ValueError, TypeError) as error:
+        raise DataError(f"{path} is not a readable MATLAB file: {error}") from error
+    missing = {"X", spec.label_key} - contents.keys()
+    if missing:
+        present = sorted(key for key in contents if not key.startswith("__"))
+        raise DataError(f"{path} lacks variable(s) {sorted(missing)}; it has {present}")
+
+    labels = _integer_labels(contents[spec.label_key], path) - spec.label_offset
+    stored_views = contents["X"].reshape(-1)
+    if stored_views.size != spec.num_views:
+        raise DataError(
+            f"{path} holds {stored_views.size} views, expected {spec.num_views} {spec.view_names}"
+        )
+    views = {
+        view: _samples_by_features(matrix, labels.size, spec, path, view)
+        for view, matrix in zip(spec.view_names, stored_views, strict=True)
+    }
+    if spec.keep_first_classes is not None:
+        kept = labels < spec.keep_first_classes
+        labels = labels[kept]
+        views = {view: np.ascontiguousarray(matrix[kept]) for view, matrix in views.items()}
+
+    if spec.num_samples is not None and labels.size != spec.num_samples:
+        raise DataError(f"{path} has {labels.size} samples, expected {spec.num_samples}")
+    if spec.view_dims is not None:
+        for (view, matrix), dims in zip(views.items(), spec.view_dims, strict=True):
+            if matrix.shape != (labels.size, dims):
+                raise DataError(
+                    f"{path}: view {view!r} has shape {matrix.shape}, expected ({labels.size}, {dims})"
+                )
+    classes = np.unique(labels)
+    if not np.array_equal(classes, np.arange(spec.num_classes)):
+        raise DataError(
+            f"{path}: labels (after subtracting {spec.label_offset}) are {classes.tolist()[:5]}..., "
+            f"expected 0..{spec.num_classes - 1} for {spec.num_classes} classes"
+        )
+    for view in views:
+        _check_view_name(view, where=f"{path} view {view!r}")
+    return assemble(
+        {
+            view: Column(features(matrix, where=f"{path} view {view!r}"), f"{path} view {view!r}")
+            for view, matrix in views.items()
+        },
+        Column(labels, f"{path} variable {spec.label_key!r}"),
+        classes=spec.class_names,
+        name=spec.name,
+        source=str(path),
+        spec=spec,
+    )
+
+
+def _fetch_hint(spec: DatasetSpec, data_dir: Path) -> str:
+    if spec.downloadable:
+        return "fetch it with `" + DOWNLOAD_COMMAND.format(data_dir=data_dir) + "`"
+    return "it has no public source configured: obtain the file yourself and place it there"
+
+
+def _samples_by_features(
+    matrix: object, num_labels: int, spec: DatasetSpec, path: Path, view: str
+) -> np.ndarray:
+    """One stored view as a float32 ``(N, d)`` matrix, transposing a ``d x N`` one."""
+    import scipy.sparse
+
+    # Some multi-view .mat collections store sparse views; densify them rather than reject the file.
+    array = matrix.toarray() if scipy.sparse.issparse(matrix) else np.asarray(matrix)
+    if array.ndim != 2:
+        raise DataError(f"{path}: view {view!r} is not a matrix (shape {array.shape})")
+    rows_are_samples = array.shape[0] == num_labels
+    columns_are_samples = array.shape[1] == num_labels
+    if rows_are_samples and columns_are_samples:
+        transpose = spec.stored_transposed
+    elif rows_are_samples or columns_are_samples:
+        transpose = columns_are_samples
+    else:
+        raise DataError(
+            f"{path}: view {view!r} has shape {array.shape}; neither axis matches the {num_labels} labels"
+        )
+    return np.ascontiguousarray(array.T if transpose else array, dtype=np.float32)
+
+
+def _integer_labels(stored: np.ndarray, path: Path) -> np.ndarray:
+    labels = np.asarray(stored).reshape(-1)
+    as_int = labels.astype(np.int64)
+    if not np.array_equal(as_int, labels):
+        raise DataError(f"{path}: labels are not integers")
+    return as_int
+
+
+# -- the checks every format goes through --------------------------------------------------------------------
+
+
+def features(values: np.ndarray, *, where: str) -> np.ndarray:
+    """A view's ``(N, d)`` numbers as a checked float32 matrix, converted a few megabytes at a time.
+
+    An array that is float32 and in memory already is checked in place, not copied.
+
+    Raises
+    ------
+    DataError
+        Width 0, an infinite value (or one beyond float32's range), or a row partly NaN; naming ``where``,
+        the row and the column.
+    """
+    if values.ndim != 2:
+        raise DataError(f"{where}: shape {values.shape}; a view is a matrix (N, d)")
+    n, d = values.shape
+    if d == 0:
+        raise DataError(f"{where}: width 0 (every sample needs at least one feature)")
+    in_memory = isinstance(values, np.ndarray) and not isinstance(values, np.memmap)
+    if in_memory and values.dtype == np.float32 and values.flags.c_contiguous:
+        out = values
+    else:
+        out = np.empty((n, d), dtype=np.float32)
+    step = _chunk_rows(d)
+    for start in range(0, n, step):
+        block = out[start : start + step]
+        if out is not values:
+            with np.errstate(over="ignore", invalid="ignore"):  # beyond float32's range: inf, reported below
+                block[...] = values[start : start + step]
+        _check_block(block, where=where, offset=start)
+    return out
+
+
+def _check_block(block: np.ndarray, *, where: str, offset: int) -> None:
+    if np.isfinite(block).all():
+        return
+    nan = np.isnan(block)
+    per_row = nan.sum(axis=1)
+    partial = (per_row > 0) & (per_row < block.shape[1])
+    if partial.any():
+        row = int(np.argmax(partial))
+        column = int(np.argmax(nan[row]))
+        raise DataError(
+            f"{where} row {offset + row}: NaN in column {column} among numbers; a missing view is a row "
+            "of NaN (or a null), not a partial one"
+        )
+    infinite = np.isinf(block)
+    if infinite.any():
+        row, column = (int(i) for i in np.argwhere(infinite)[0])
+        raise DataError(
+            f"{where} row {offset + row}, column {column}: infinite value (or one beyond float32's range)"
+        )
+
+
+def _check_view_name(name: str, *, where: str) -> None:
+    if not re.fullmatch(NAME_PATTERN.strip("^$"), name):
+        raise DataError(
+            f"{where}: {name!r} is not a valid view name for the API (letters, digits, '_', '.' and '-', "
+            "starting with a letter or digit); rename the file or column"
+        )
+
+
+def _check_rows(views: dict[str, Column], labels: Column) -> None:
+    count = len(labels.values)
+    for column in views.values():
+        rows = column.values.shape[0]
+        if rows != count:
+            raise DataError(f"{column.where} has {rows} rows but {labels.where} has {count} labels")
+
+
+def assemble(
+    views: dict[str, Column],
+    labels: Column,
+    *,
+    classes: Sequence[str] | None,
+    name: str,
+    source: str,
+    split: Column | None = None,
+    spec: DatasetSpec | None = None,
+) -> MultiViewData:
+    """The checks every reader ends with, and the :class:`MultiViewData` they make.
+
+    Parameters
+    ----------
+    views : dict of str to Column
+        Per view (in order), its float32 ``(N, d)`` matrix from :func:`features`, and where it came from.
+    labels : Column
+        Raw labels: integers, integral floats or strings; NaN or None where missing.
+    classes : sequence of str, optional
+        Class names in label order: integer labels index them, string labels must be among them.
+    split : Column, optional
+        ``train`` / ``validation`` / ``test`` per sample.
+
+    Raises
+    ------
+    DataError
+        Fewer than two views, row counts that differ, a sample without any view, a view missing everywhere,
+        missing or mixed labels, a single class, unknown split values: naming file, view and row.
+    """
+    if len(views) < 2:
+        raise DataError(
+            f"{source}: DBF fuses two or more views; found {len(views)} ({', '.join(views) or 'none'})"
+        )
+    _check_rows(views, labels)
+    if split is not None and len(split.values) != len(labels.values):
+        raise DataError(
+            f"{split.where} has {len(split.values)} rows but {labels.where} has {len(labels.values)} labels"
+        )
+    matrices = {view: column.values for view, column in views.items()}
+    present = np.stack([~np.isnan(matrix[:, 0]) for matrix in matrices.values()], axis=1)
+    if present.size and not present.any(axis=1).all():
+        empty = np.flatnonzero(~present.any(axis=1))
+        more = f" (and {empty.size - 1} more)" if empty.size > 1 else ""
+        raise DataError(f"{source} row {int(empty[0])}{more}: no view at all (every view is missing)")
+    for (view, column), has in zip(views.items(), present.T, strict=True):
+        if not has.any():
+            raise DataError(f"{column.where}: view {view!r} is missing in every sample")
+    codes, class_names = _class_labels(labels, classes)
+    return MultiViewData(
+        views=matrices,
+        labels=codes,
+        class_names=class_names,
+        name=name,
+        spec=spec,
+        split=None if split is None else _split_codes(split),
+        source=source,
+    )
+
+
+def _class_labels(labels: Column, classes: Sequence[str] | None) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Labels as class indices ``0 .. K-1`` and the class names (module notes)."""
+    values = _typed(labels)
+    if classes is not None:
+        classes = tuple(str(c) for c in classes)
+        if len(set(classes)) != len(classes):
+            duplicate = next(c for c in classes if classes.count(c) > 1)
+            raise DataError(f"class names must be distinct: {duplicate!r} is given twice")
+    if values.dtype.kind in "iu":
+        if classes is None:
+            unique, codes = np.unique(values, return_inverse=True)
+            classes = tuple(str(value) for value in unique.tolist())
+        else:
+            outside = (values < 0) | (values >= len(classes))
+            if outside.any():
+                row = int(np.argmax(outside))
+                raise DataError(
+                    f"{labels.where} row {row}: label {int(values[row])}, but {len(classes)} class names are "
+                    f"given (integer labels index them: 0 .. {len(classes) - 1})"
+                )
+            codes = values.astype(np.int64)
+    else:
+        if classes is None:
+            unique, codes = np.unique(values, return_inverse=True)
+            classes = tuple(unique.tolist())
+        else:
+            index = {name: k for k, name in enumerate(classes)}
+            codes = np.empty(values.size, dtype=np.int64)
+            for row, value in enumerate(values.tolist()):
+                if value not in index:
+                    raise DataError(
+                        f"{labels.where} row {row}: label {value!r} is not among the class names given "
+                        f"({', '.join(classes[:10])}{', ...' if len(classes) > 10 else ''})"
+                    )
+                codes[row] = index[value]
+    if len(np.unique(codes)) < 2:
+        only = classes[int(codes[0])] if codes.size else "none"
+        raise DataError(f"{labels.where}: a single class ({only!r}); a classifier needs two or more")
+    return np.asarray(codes, dtype=np.int64).reshape(-1), tuple(classes)
+
+
+def _typed(labels: Column) -> np.ndarray:
+    """Raw labels as one int64 or str array; missing, mixed or fractional labels are errors naming a row."""
+    where = labels.where
+    values = labels.values
+    if isinstance(values, list):  # text lines: integers if every line is one
+        for row, line in enumerate(values):
+            if not line:
+                raise DataError(f"{where} line {row + 1}: empty; every sample needs a label")
+        if all(_INTEGER.fullmatch(line) for line in values):
+            return np.array([int(line) for line in values], dtype=np.int64)
+        return np.array(values, dtype=str)
+    values = np.asarray(values).reshape(-1)
+    kind = values.dtype.kind
+    if kind in "iu":
+        return values.astype(np.int64)
+    if kind == "b":
+        return values.astype(str)
+    if kind == "f":
+        missing = np.isnan(values)
+        if missing.any():
+            raise DataError(f"{where} row {int(np.argmax(missing))}: label missing (NaN or null)")
+        fractional = values != np.round(values)
+        if fractional.any():
+            row = int(np.argmax(fractional))
+            raise DataError(
+                f"{where} row {row}: label {values[row]!r} is not a class (labels are integers or strings)"
+            )
+        return values.astype(np.int64)
+    if kind in "US":
+        return values.astype(str)
+    if kind != "O":
+        raise DataError(f"{where}: labels of dtype {values.dtype}; labels are integers or strings")
+    kinds: dict[str, int] = {}
+    for row, value in enumerate(values.tolist()):
+        if value is None or (isinstance(value, float) and np.isnan(value)):
+            raise DataError(f"{where} row {row}: label missing (None, NaN or null)")
+        if isinstance(value, str):
+            kinds.setdefault("string", row)
+        elif isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            kinds.setdefault("integer", row)
+        else:
+            raise DataError(
+                f"{where} row {row}: label {value!r} of type {type(value).__name__}; "
+                "labels are integers or strings"
+            )
+    if len(kinds) > 1:
+        rows = ", ".join(f"row {row} is {kind}" for kind, row in kinds.items())
+        raise DataError(f"{where}: labels of mixed types ({rows}); use integers or strings throughout")
+    return values.astype(np.int64) if "integer" in kinds else values.astype(str)
+
+
+def _split_codes(split: Column) -> np.ndarray:
+    values = split.values if isinstance(split.values, list) else np.asarray(split.values).reshape(-1).tolist()
+    codes = np.empty(len(values), dtype=np.int8)
+    for row, value in enumerate(values):
+        code = _SPLIT_ALIASES.get(value.strip().lower()) if isinstance(value, str) else None
+        if code is None:
+            line = f"line {row + 1}" if isinstance(split.values, list) else f"row {row}"
+            raise DataError(
+                f"{split.where} {line}: split {value!r}; expected one of {', '.join(SPLIT_NAMES)}"
+            )
+        codes[row] = code
+    return codes
