@@ -40,7 +40,9 @@ class DBFError(Exception):
         self.status, self.type, self.message = status, type_, message
 
 
-def _body(samples: Sequence[Features], method: str | None, lam: float | None) -> bytes:
+def _body(
+    samples: Sequence[Features], method: str | None, lam: float | None, coverage: float | None
+) -> bytes:
     body: dict[str, Any] = {
         "samples": [
             {"views": {name: (v.tolist() if hasattr(v, "tolist") else list(v)) for name, v in s.items()}}
@@ -51,6 +53,8 @@ def _body(samples: Sequence[Features], method: str | None, lam: float | None) ->
         body["method"] = method
     if lam is not None:
         body["lambda"] = lam
+    if coverage is not None:
+        body["coverage"] = coverage
     return msgspec.json.encode(body)
 
 
@@ -72,7 +76,8 @@ def _checked(response: httpx.Response) -> bytes:
 
 
 class Client:
-    """Synchronous client. ``predict`` takes one sample's views; ``predict_batch`` many."""
+    """Synchronous client. ``predict`` takes one sample's views; ``predict_batch`` many. ``method`` and
+    ``lam`` choose the fusion, ``coverage`` the prediction sets' (the model's defaults when None)."""
 
     def __init__(
         self, base_url: str = "http://127.0.0.1:8000", *, timeout: float = 30.0, **httpx_options
@@ -86,8 +91,11 @@ class Client:
         model: str | None = None,
         method: str | None = None,
         lam: float | None = None,
+        coverage: float | None = None,
     ) -> Prediction:
-        return self.predict_batch([views], model=model, method=method, lam=lam).predictions[0]
+        return self.predict_batch(
+            [views], model=model, method=method, lam=lam, coverage=coverage
+        ).predictions[0]
 
     def predict_batch(
         self,
@@ -96,8 +104,9 @@ class Client:
         model: str | None = None,
         method: str | None = None,
         lam: float | None = None,
+        coverage: float | None = None,
     ) -> PredictResult:
-        response = self._http.post(_path(model), content=_body(samples, method, lam), headers=_JSON)
+        response = self._http.post(_path(model), content=_body(samples, method, lam, coverage), headers=_JSON)
         return _RESULT.decode(_checked(response))
 
     def models(self) -> dict[str, Any]:
@@ -131,8 +140,11 @@ class AsyncClient:
         model: str | None = None,
         method: str | None = None,
         lam: float | None = None,
+        coverage: float | None = None,
     ) -> Prediction:
-        return (await self.predict_batch([views], model=model, method=method, lam=lam)).predictions[0]
+        return (
+            await self.predict_batch([views], model=model, method=method, lam=lam, coverage=coverage)
+        ).predictions[0]
 
     async def predict_batch(
         self,
@@ -141,8 +153,11 @@ class AsyncClient:
         model: str | None = None,
         method: str | None = None,
         lam: float | None = None,
+        coverage: float | None = None,
     ) -> PredictResult:
-        response = await self._http.post(_path(model), content=_body(samples, method, lam), headers=_JSON)
+        response = await self._http.post(
+            _path(model), content=_body(samples, method, lam, coverage), headers=_JSON
+        )
         return _RESULT.decode(_checked(response))
 
     async def models(self) -> dict[str, Any]:

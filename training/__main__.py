@@ -8,6 +8,8 @@
 
 ``python -m training summarise DIR [DIR ...]``
 
+``python -m training calibration MODEL_DIR [MODEL_DIR ...] [--data-dir DIR]``
+
 ``python -m training export --dataset NAME --out models/NAME [--data-dir DIR] [--epochs E] [--seed S]``
 
 ``python -m training fit --data PATH|NAME --out models/NAME [--views a,b,c] [--label-column C]
@@ -92,6 +94,17 @@ def _summarise(args: argparse.Namespace) -> int:
             print(f"error: {directory / 'results.json'}: {error}", file=sys.stderr)
             return 1
     sys.stdout.write(summary_markdown(results))
+    return 0
+
+
+def _calibration(args: argparse.Namespace) -> int:
+    from training.calibration_tables import calibration_tables
+
+    try:
+        sys.stdout.write(calibration_tables(args.models, args.data_dir))
+    except (OSError, ValueError, KeyError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -254,6 +267,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     summary.add_argument("dirs", type=Path, nargs="+", help="directories holding results.json")
     summary.set_defaults(run=_summarise)
+
+    tables = commands.add_parser(
+        "calibration",
+        help="measure exported benchmark models' confidence and prediction sets on their test split",
+    )
+    tables.add_argument("models", type=Path, nargs="+", help="model directories (models/NAME)")
+    tables.add_argument("--data-dir", type=Path, default=Path(os.environ.get("DBF_DATA_DIR", "data")))
+    tables.set_defaults(run=_calibration)
 
     out = commands.add_parser(
         "export", help="train with the default settings and write an ONNX model repository entry"

@@ -1,0 +1,149 @@
+"""Calibrated confidence and conformal prediction sets, served: in both protocols and the client, at the
+model's coverage or one a request asks for, judged on the model's own fusion, counted in the metrics."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import httpx
+import numpy as np
+import pytest
+
+from calibration import CoverageError, conformal_rank
+from manifest import Manifest
+from service.client import Client
+from service.v2 import decode_response, encode_request
+from tests.service.conftest import MODELS, serving
+from tests.service.test_service import HANDWRITTEN_DIMS, metric
+
+MANIFEST = Manifest.model_validate_json((MODELS / "handwritten" / "manifest.json").read_text())
+SCORES = len(MANIFEST.calibration.conformal.calibration_scores)
+
+
+@pytest.fixture(scope="module")
+def url():
+    with serving(MODELS) as base:
+        yield base
+
+
+def samples(n: int, seed: int = 0, views=HANDWRITTEN_DIMS) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    return [{"views": {k: rng.random(d).tolist() for k, d in views.items()}} for _ in range(n)]
+
+
+def predict(url: str, body: dict) -> httpx.Response:
+    return httpx.post(url + "/predict", json=body, timeout=30)
+
+
+def test_every_committed_model_is_calibrated():
+    for name in ("handwritten", "pie", "scene15", "cub"):
+        entry = Manifest.model_validate_json((MODELS / name / "manifest.json").read_text())
+        assert entry.schema_version == 2 and entry.calibration is not None, name
+        assert entry.calibration.conformal.default_coverage == 0.9
+
+
+def test_answers_carry_confidence_and_a_prediction_set(url):
+    answer = predict(url, {"samples": samples(20)}).json()
+    assert answer["coverage"] == MANIFEST.calibration.conformal.default_coverage
+    for p in answer["predictions"]:
+        assert 0 <= p["confidence"] <= 1
+        assert p["prediction_set"] == sorted(set(p["prediction_set"]))
+        assert all(0 <= k < 10 for k in p["prediction_set"])
+    # The set is built on the projected probability: its members are the most probable classes.
+    for p in answer["predictions"]:
+        if p["prediction_set"]:
+            ranked = np.argsort(p["probability"])[::-1][: len(p["prediction_set"])]
+            assert sorted(ranked.tolist()) == p["prediction_set"]
+
+
+def test_sets_grow_with_the_coverage_asked_for(url):
+    body = {"samples": samples(30, seed=1)}
+    sizes = []
+    for coverage in (0.5, 0.8, 0.9, 0.99):
+        answer = predict(url, {**body, "coverage": coverage}).json()
+        assert answer["coverage"] == coverage
+        sizes.append([len(p["prediction_set"]) for p in answer["predictions"]])
+    for smaller, larger in itertools.pairwise(sizes):
+        assert all(a <= b for a, b in zip(smaller, larger, strict=True))
+    # The confidence does not depend on the coverage; the label never changes.
+    a, b = (predict(url, {**body, "coverage": c}).json()["predictions"] for c in (0.5, 0.99))
+    assert [p["confidence"] for p in a] == [p["confidence"] for p in b]
+    assert [p["label"] for p in a] == [p["label"] for p in b]
+
+
+def test_a_coverage_the_calibration_set_cannot_support_is_a_400_naming_the_most_it_does(url):
+    too_high = 1 - 1 / (SCORES + 1) + 1e-4  # just past n / (n + 1)
+    with pytest.raises(CoverageError):
+        conformal_rank(SCORES, coverage=too_high)
+    answer = predict(url, {"samples": samples(1), "coverage": too_high})
+    assert answer.status_code == 400
+    message = answer.json()["error"]["message"]
+    assert f"calibrated on {SCORES}" in message and "n / (n + 1)" in message
+    body, headers = encode_request({"mor": np.zeros((1, 6), np.float32)})
+    header = json.loads(body[: int(headers["inference-header-content-length"])])
+    header["parameters"]["coverage"] = too_high
+    raw = json.dumps(header).encode()
+    v2 = httpx.post(
+        url + "/v2/models/handwritten/infer",
+        content=raw + body[int(headers["inference-header-content-length"]) :],
+        headers={**headers, "inference-header-content-length": str(len(raw))},
+    )
+    assert v2.status_code == 400 and f"calibrated on {SCORES}" in v2.json()["error"]
+
+
+def test_v2_gives_them_as_tensors_and_metadata_lists_them(url):
+    meta = httpx.get(url + "/v2/models/handwritten").json()
+    outputs = {t["name"]: t for t in meta["outputs"]}
+    assert outputs["confidence"] == {"name": "confidence", "datatype": "FP32", "shape": [-1]}
+    assert outputs["prediction_set"] == {"name": "prediction_set", "datatype": "BOOL", "shape": [-1, 10]}
+    assert meta["parameters"]["calibrated"] is True and meta["parameters"]["coverage"] == 0.9
+    assert meta["parameters"]["max_coverage"] == pytest.approx(SCORES / (SCORES + 1))
+    given = samples(8, seed=2)
+    features = {k: np.array([s["views"][k] for s in given], np.float32) for k in HANDWRITTEN_DIMS}
+    body, headers = encode_request(features)
+    header = json.loads(body[: int(headers["inference-header-content-length"])])
+    header["parameters"]["coverage"] = 0.8
+    raw = json.dumps(header).encode()
+    response = httpx.post(
+        url + "/v2/models/handwritten/infer",
+        content=raw + body[int(headers["inference-header-content-length"]) :],
+        headers={**headers, "inference-header-content-length": str(len(raw))},
+    )
+    got = decode_response(response.content, response.headers)
+    expected = predict(url, {"samples": given, "coverage": 0.8}).json()["predictions"]
+    np.testing.assert_allclose(got["confidence"], [p["confidence"] for p in expected], rtol=1e-6)
+    assert [np.flatnonzero(row).tolist() for row in got["prediction_set"]] == [
+        p["prediction_set"] for p in expected
+    ]
+
+
+def test_judged_on_the_models_fusion_whatever_fusion_is_asked_for(url):
+    """Like the flag: the calibration was fitted on the manifest's fusion, and holds for that one."""
+    body = {"samples": samples(15, seed=3)}
+    own = predict(url, body).json()["predictions"]
+    other = predict(url, {**body, "method": "cbf", "lambda": 3.0}).json()["predictions"]
+    assert [p["prediction_set"] for p in own] == [p["prediction_set"] for p in other]
+    assert [p["confidence"] for p in own] == [p["confidence"] for p in other]
+
+
+def test_samples_missing_views_still_get_them(url):
+    """The guarantee is for complete samples (the calibration samples had every view); a sample missing
+    views is answered all the same, its set built from the views it has."""
+    some = samples(5, seed=4, views={"pix": 240, "mor": 6})
+    complete = samples(5, seed=4)
+    answers = predict(url, {"samples": some + complete}).json()["predictions"]
+    for p in answers:
+        assert p["prediction_set"] is not None and 0 <= p["confidence"] <= 1
+    assert all(set(p["views"]) == {"pix", "mor"} for p in answers[:5])
+
+
+def test_the_client_and_the_metrics_see_them(url):
+    before = metric(url, "dbf_prediction_set_size_count", model="handwritten")
+    confident = metric(url, "dbf_confidence_count", model="handwritten")
+    with Client(url) as client:
+        result = client.predict_batch([s["views"] for s in samples(4, seed=5)], coverage=0.95)
+    assert result.coverage == 0.95
+    assert all(isinstance(p.prediction_set, list) and 0 <= p.confidence <= 1 for p in result.predictions)
+    assert metric(url, "dbf_prediction_set_size_count", model="handwritten") == before + 4
+    assert metric(url, "dbf_confidence_count", model="handwritten") == confident + 4

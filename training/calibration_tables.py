@@ -1,0 +1,166 @@
+"""How exported models' calibration does on their test split: the tables of ``results/calibration.md``.
+
+``python -m training calibration models/handwritten models/pie ... --data-dir DIR`` rebuilds each model's
+test split exactly as its export made it (its dataset from the registry, the protocol's split and
+conflictive copies for the manifest's seed), runs the exported ONNX heads on the raw features as the
+service does, fuses with the model's fusion, and measures the manifest's calibration: ECE of the
+projected probability and of ``confidence``; the prediction sets' coverage and size at each level, on
+clean samples, on their conflictive copies, and on clean samples with one view left out (where nothing is
+guaranteed: the calibration samples were complete). A coverage is printed with the 95% range that a
+correct split-conformal calibration of that size gives on that many test samples, and with its mean over
+random re-splits of the same samples into calibration and test sets of the same sizes (one split is one
+draw: a correct method lands outside its 95% range one time in 20).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from manifest import Manifest
+from training.calibrate import REPORT_COVERAGES, FusedSplit, evaluate_calibration
+from training.export import exported_evidence
+from training.protocol import Samples, assemble
+from training.readers import read_registered
+from training.registry import dataset_spec
+
+LEVELS = (0.9, 0.95)
+
+
+def calibration_tables(
+    model_dirs: Sequence[str | os.PathLike[str]], data_dir: str | os.PathLike[str], *, seed: int = 1
+) -> str:
+    """The markdown tables for the models in ``model_dirs`` (``seed`` picks the view each sample of the
+    missing-view measurement loses)."""
+    summary, sets = [], []
+    for directory in map(Path, model_dirs):
+        manifest = Manifest.model_validate_json((directory / "manifest.json").read_text())
+        if manifest.calibration is None:
+            raise ValueError(f"{directory}: the manifest has no calibration section (schema version 1)")
+        validation, test, missing = _splits(directory, manifest, data_dir, seed=seed)
+        section = manifest.calibration
+        report = evaluate_calibration(section, test, coverages=REPORT_COVERAGES)
+        without = evaluate_calibration(section, missing, coverages=LEVELS)
+        n, m = len(section.conformal.calibration_scores), report.samples
+        noise = _ece_noise(section, test)
+        summary.append(
+            f"| {manifest.name} | {n} / {m} | {section.confidence.kind} | {section.conformal.score.kind} | "
+            f"{report.ece_projected:.3f} | **{report.ece_confidence:.3f}** | {noise:.3f} |"
+        )
+        for level in LEVELS:
+            clean, conflictive = report.clean[level], report.conflictive[level]
+            low, high = coverage_range(n, m, level)
+            resplit = _resplit_coverage(section, validation, test, level)
+            sets.append(
+                f"| {manifest.name} | {level:g} | **{clean.coverage:.3f}** [{low:.3f}, {high:.3f}] | "
+                f"{resplit:.3f} | {clean.mean_set_size:.2f} | {clean.singleton:.2f} | "
+                f"{conflictive.coverage:.3f} | {conflictive.mean_set_size:.2f} | "
+                f"{conflictive.singleton:.2f} | "
+                f"{without.clean[level].coverage:.3f} | {without.clean[level].mean_set_size:.2f} |"
+            )
+    return (
+        "| model | calibration / test samples | confidence | set score | ECE projected probability | "
+        "ECE confidence | ECE noise (p95) |\n|---|---|---|---|---|---|---|\n"
+        + "\n".join(summary)
+        + "\n\n| model | coverage asked | clean: covered [95% range] | re-split: mean covered | clean: mean "
+        "size | clean: one class | conflictive: covered | conflictive: mean size | conflictive: one class | "
+        "one view missing: covered | one view missing: mean size |\n"
+        + "|---" * 11
+        + "|\n"
+        + "\n".join(sets)
+        + "\n"
+    )
+
+
+def coverage_range(calibration: int, test: int, level: float) -> tuple[float, float]:
+    """The 95% range of the share of ``test`` samples a correct split-conformal set at ``level`` covers,
+    calibrated on ``calibration`` samples: Beta-binomial(test, k, n + 1 - k) / test, k = ceil((n + 1) level)
+    (exact for continuous scores; ties only raise coverage)."""
+    from scipy.stats import betabinom
+
+    k = math.ceil((calibration + 1) * level - 1e-9)
+    low, high = betabinom.ppf([0.025, 0.975], test, k, calibration + 1 - k) / test
+    return float(low), float(high)
+
+
+def _ece_noise(section, test: FusedSplit, draws: int = 1000) -> float:
+    """The ECE that a perfectly calibrated confidence, with the test samples' confidences, exceeds one time
+    in 20: how small an ECE this test split can tell from noise."""
+    from calibration import expected_calibration_error
+
+    confidence = section.applied().confidence(test.clean.belief, test.clean.uncertainty)
+    rng = np.random.default_rng(0)
+    values = [
+        expected_calibration_error(confidence, rng.random(confidence.size) < confidence) for _ in range(draws)
+    ]
+    return float(np.quantile(values, 0.95))
+
+
+def _resplit_coverage(
+    section, validation: FusedSplit, test: FusedSplit, level: float, draws: int = 200
+) -> float:
+    """The mean coverage at ``level`` over random re-splits of the validation and test samples into
+    calibration and test sets of their sizes, with the model's nonconformity score."""
+    from calibration import calibration_scores, prediction_set
+
+    score = section.applied().score
+    probability = np.concatenate([_projected(validation), _projected(test)])
+    labels = np.concatenate([validation.labels, test.labels])
+    n, rng, covered = len(validation.labels), np.random.default_rng(0), []
+    for _ in range(draws):
+        order = rng.permutation(len(labels))
+        calibration, held_out = order[:n], order[n:]
+        scores = calibration_scores(probability[calibration], labels[calibration], score=score)
+        members = prediction_set(probability[held_out], scores, coverage=level, score=score)
+        covered.append(members[np.arange(held_out.size), labels[held_out]].mean())
+    return float(np.mean(covered))
+
+
+def _projected(split: FusedSplit) -> np.ndarray:
+    from calibration import scaled_probability
+
+    return scaled_probability(split.clean.belief, split.clean.uncertainty, temperature=1.0)
+
+
+def _splits(
+    directory: Path, manifest: Manifest, data_dir: str | os.PathLike[str], *, seed: int
+) -> tuple[FusedSplit, FusedSplit, FusedSplit]:
+    """The model's validation split and its test split fused as served (clean and conflictive), and the
+    test split's clean samples with one view (drawn by ``seed``) left out."""
+    data = read_registered(dataset_spec(manifest.dataset), data_dir)
+    raw = dict(data.views)  # the ONNX heads scale inside: they take the raw features
+    sets = assemble(data, seed=int(manifest.training["seed"]), conflictive=("validation", "test"))
+    method, lam = manifest.fusion.method, manifest.fusion.lam
+
+    def evidence(samples: Samples) -> np.ndarray:
+        features = dataclasses.replace(samples, views=raw).features()
+        return exported_evidence(directory, dict(zip(raw, features, strict=True)))
+
+    clean, copies = sets.test, sets.conflictive["test"]
+    test_evidence = evidence(clean)
+    test = FusedSplit.of_evidence(
+        test_evidence,
+        clean.labels,
+        method=method,
+        lam=lam,
+        present=clean.present,
+        conflictive=(evidence(copies), copies.labels, copies.present),
+    )
+    present = np.ones(test_evidence.shape[:2], dtype=bool) if clean.present is None else clean.present.copy()
+    several = np.flatnonzero(present.sum(axis=1) >= 2)
+    rng = np.random.default_rng(seed)
+    for i in several:
+        present[i, rng.choice(np.flatnonzero(present[i]))] = False
+    missing = FusedSplit.of_evidence(
+        test_evidence[several], clean.labels[several], method=method, lam=lam, present=present[several]
+    )
+    checked = sets.validation
+    validation = FusedSplit.of_evidence(
+        evidence(checked), checked.labels, method=method, lam=lam, present=checked.present
+    )
+    return validation, test, missing
