@@ -20,7 +20,7 @@ from schemathesis.specs.openapi.checks import (
 
 from service.app import create_app
 from service.settings import Settings
-from tests.service.conftest import serving
+from tests.service.conftest import read_one, serving
 from tests.service.test_hardening import HANDWRITTEN, random_samples
 
 VALID = {"samples": random_samples(2), "method": "dbf", "lambda": 1.0}
@@ -178,22 +178,6 @@ FIELD_VALUES = (
 BODY = json.dumps(VALID).encode()
 
 
-def _one_answer(conn) -> bytes:
-    answer = b""
-    while b"\r\n\r\n" not in answer:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return answer
-        answer += chunk
-    head, _, body = answer.partition(b"\r\n\r\n")
-    length = next(
-        (int(f.split(b":")[1]) for f in head.lower().split(b"\r\n") if f.startswith(b"content-length:")), 0
-    )
-    while len(body) < length and (chunk := conn.recv(65536)):
-        body += chunk
-    return head + b"\r\n\r\n" + body
-
-
 @given(
     target=st.sampled_from([b"GET /health", b"GET /v1/models", b"POST /predict"]),
     fields=st.lists(st.tuples(FIELD_NAMES, FIELD_VALUES), max_size=120),
@@ -211,7 +195,7 @@ def test_odd_header_fields_get_an_answer_never_a_5xx(url, target, fields):
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=15) as conn:
         conn.sendall(head + body)
-        answer = _one_answer(conn)
+        answer = read_one(conn)
     status_line, _, rest = answer.partition(b"\r\n")
     assert status_line.startswith(b"HTTP/1.1 "), (head[:300], answer[:300])
     status = int(status_line.split()[1])

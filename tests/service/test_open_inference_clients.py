@@ -116,7 +116,8 @@ def test_tritonclient_json_outputs_on_a_binary_request_versions_and_parameters(u
         parameters={"method": "gbaf", "lambda": 2.0},
     )
     response = result.get_response()
-    assert response["id"] == "req-9" and response["parameters"] == {"method": "gbaf", "lambda": 2.0}
+    assert response["id"] == "req-9"
+    assert response["parameters"] == {"method": "gbaf", "lambda": 2.0, "coverage": 0.9}  # the model's
     as_json = {o["name"]: "data" in o for o in response["outputs"]}
     assert as_json == {"label": True, "probability": True, "uncertainty": False, "high_conflict": True,
                        "blamed_view": True}  # fmt: skip
