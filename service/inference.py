@@ -45,9 +45,18 @@ class ModelSignature:
         return [view.name for view in self.views]
 
     @cached_property
-    def view_layout(self) -> tuple[tuple[str, int], ...]:
-        """Per view in order: its name and its dimension."""
-        return tuple((view.name, view.dim) for view in self.views)
+    def view_layout(self) -> tuple[tuple[str, int, int, int], ...]:
+        """Per view in order: its name, its dimension, and where its values start and end in a sample's
+        views laid side by side."""
+        ends = np.cumsum([view.dim for view in self.views]).tolist()
+        return tuple(
+            (view.name, view.dim, end - view.dim, end) for view, end in zip(self.views, ends, strict=True)
+        )
+
+    @cached_property
+    def view_dims(self) -> np.ndarray:
+        """(V,) each view's dimension."""
+        return np.array([view.dim for view in self.views])
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,8 @@ def _blamed(result: Result) -> np.ndarray:
 
 def _blamed_name(result: Result, signature: ModelSignature) -> list[str | None]:
     names = signature.view_names
-    return [names[v] if v >= 0 else None for v in _blamed(result).tolist()]
+    flags, blamed = result.high_conflict.tolist(), result.blamed_view.tolist()
+    return [names[v] if flagged else None for v, flagged in zip(blamed, flags, strict=True)]
 
 
 def _if_calibrated(
@@ -125,7 +126,7 @@ def _if_calibrated(
 
 
 def _set_members(result: Result, _: ModelSignature) -> list[list[int]]:
-    return [np.flatnonzero(row).tolist() for row in result.prediction_set]
+    return [[k for k, member in enumerate(row) if member] for row in result.prediction_set.tolist()]
 
 
 def _view_opinions(result: Result, signature: ModelSignature) -> list[dict[str, dict]]:

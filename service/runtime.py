@@ -84,14 +84,18 @@ def _record(model, request, fused, max_conflict, flagged, blame, confidence, set
         model.manifest.name, request.method, [view.name for view in model.manifest.views]
     )
     children.predictions.inc(len(flagged))
-    children.high_conflict.inc(int(flagged.sum()))
     metrics.observe_many(children.uncertainty, fused.uncertainty)
     metrics.observe_many(children.max_conflict, max_conflict)
+    complete = request.present.all()
     for v, view_children in enumerate(children.views):
-        metrics.observe_many(view_children.discount, fused.discount[request.present[:, v], v])
-        blamed = int((flagged & (blame == v)).sum())
-        if blamed:
-            view_children.flagged.inc(blamed)
+        discount = fused.discount[:, v] if complete else fused.discount[request.present[:, v], v]
+        metrics.observe_many(view_children.discount, discount)
+    if flagged.any():
+        blamed = np.bincount(blame[flagged], minlength=len(children.views)).tolist()
+        children.high_conflict.inc(sum(blamed))
+        for view_children, count in zip(children.views, blamed, strict=True):
+            if count:
+                view_children.flagged.inc(count)
     if model.calibration is not None:
         metrics.observe_many(children.confidence, confidence)
         metrics.observe_many(children.set_size, sets.sum(-1))

@@ -24,7 +24,7 @@ import orjson
 from service.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
 from service.inference import InferenceRequest, ModelSignature, Result
 from service.outputs import FIELDS
-from service.schemas import PredictRequest, Sample
+from service.schemas import PredictRequest
 
 MEDIA_TYPE = "application/json"
 _JSON = {"content-type": MEDIA_TYPE}
@@ -64,16 +64,7 @@ def encode(signature: ModelSignature, result: Result) -> tuple[bytes, dict[str, 
         "views": signature.view_names,
         "predictions": predictions,
     }
-    if len(predictions) <= _BLOCK_SAMPLES:
-        return orjson.dumps(answer), _JSON
-    # A block of predictions at a time (see _SLICED_BYTES), spliced into the answer's last field.
-    answer["predictions"] = []
-    head = orjson.dumps(answer)  # ...,"predictions":[]}
-    blocks = (
-        orjson.dumps(predictions[start : start + _BLOCK_SAMPLES])[1:-1]
-        for start in range(0, len(predictions), _BLOCK_SAMPLES)
-    )
-    return head[:-2] + b",".join(blocks) + b"]}", _JSON
+    return orjson.dumps(answer), _JSON
 
 
 def locate(error: InvalidInput, signature: ModelSignature) -> InvalidInput:
@@ -88,25 +79,9 @@ def parse(body: bytes, signature: ModelSignature, *, max_samples: int) -> Infere
 
 
 _DECODER = msgspec.json.Decoder(PredictRequest)
-# Big bodies are decoded in slices, in an inference thread: a shallow pass keeps each sample as raw JSON,
-# then each sample is decoded alone, and values are converted a block of samples at a time (answers are
-# serialized that way too). Each call into C is then short, and the event loop, waiting for the GIL while
-# a thread decodes, is not held up for long (an 8 MiB body in one call: 40-100 ms; in slices: under 10).
-_SLICED_BYTES = 256 * 1024
+# Values are converted to numpy a block of samples at a time: one call per block rather than one per view,
+# and no single call holding the GIL for long on a big body (the event loop waits for it meanwhile).
 _BLOCK_SAMPLES = 64
-_SHALLOW = msgspec.json.Decoder(
-    msgspec.defstruct(
-        "ShallowPredictRequest",
-        [
-            (f.name, list[msgspec.Raw] if f.name == "samples" else f.type)
-            + (() if f.required else (f.default,))
-            for f in msgspec.structs.fields(PredictRequest)
-        ],
-        rename={f.name: f.encode_name for f in msgspec.structs.fields(PredictRequest)},
-        forbid_unknown_fields=True,
-    )
-)
-_SAMPLE = msgspec.json.Decoder(Sample)
 # A key is a string followed by a colon; with no backslash in the body no string can hold a quote, so this
 # counts every key of the document (to find duplicate keys, which msgspec, like most parsers, lets through).
 _KEY = re.compile(rb'"[ \t\r\n]*:')
@@ -117,14 +92,10 @@ def _parse_fast(body: bytes, signature: ModelSignature, max_samples: int) -> Inf
     if b"\\" in body:  # escapes could spell a duplicate key differently
         return None
     try:
-        if len(body) <= _SLICED_BYTES:
-            decoded = _DECODER.decode(body)
-            samples = decoded.samples
-        else:
-            decoded = _SHALLOW.decode(body)
-            samples = [_SAMPLE.decode(sample) for sample in decoded.samples]
+        decoded = _DECODER.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
         return None
+    samples = decoded.samples
     if not samples:
         return None
     if len(samples) > max_samples:
@@ -148,7 +119,7 @@ def _parse_fast(body: bytes, signature: ModelSignature, max_samples: int) -> Inf
         flat: list[float] = []
         for i, sample in enumerate(samples[start : start + _BLOCK_SAMPLES], start):
             views, found = sample.views, 0
-            for v, (name, dim) in enumerate(layout):
+            for v, (name, dim, _, _) in enumerate(layout):
                 values = views.get(name)
                 if values is None:
                     absent.append((i, v))
@@ -171,24 +142,25 @@ def _parse_fast(body: bytes, signature: ModelSignature, max_samples: int) -> Inf
     present = np.ones((len(samples), len(layout)), dtype=bool)
     if absent:
         present[tuple(np.array(absent).T)] = False
-    return InferenceRequest(_views_of(values, present, layout), present, method, lam, coverage)
+    features = _views_of(values, present, signature, complete=not absent)
+    return InferenceRequest(features, present, method, lam, coverage)
 
 
-def _views_of(values: np.ndarray, present: np.ndarray, layout: tuple) -> dict[str, np.ndarray]:
+def _views_of(
+    values: np.ndarray, present: np.ndarray, signature: ModelSignature, *, complete: bool
+) -> dict[str, np.ndarray]:
     """Each view's rows ``(samples that have it, dim)`` out of the sent values, laid out sample by sample."""
-    dims = np.array([dim for _, dim in layout])
-    if present.all():  # the common case: every row as long, each view a column range
-        rows, features, start = values.reshape(len(present), -1), {}, 0
-        for (name, _), end in zip(layout, np.cumsum(dims), strict=True):
-            features[name] = np.ascontiguousarray(rows[:, start:end])  # a copy: a view when N is 1
-            start = end
-        return features
+    if complete:  # the common case: every row as long, each view a column range (a copy: a view when N is 1)
+        rows = values.reshape(len(present), -1)
+        return {
+            name: np.ascontiguousarray(rows[:, start:end]) for name, _, start, end in signature.view_layout
+        }
     # Where each sent view starts in ``values``: the sizes of the views sent before it, in sending order.
-    sizes = np.where(present, dims, 0).ravel()
+    sizes = np.where(present, signature.view_dims, 0).ravel()
     starts = (np.cumsum(sizes) - sizes).reshape(present.shape)
     return {
         name: values[starts[present[:, v], v][:, None] + np.arange(dim)]
-        for v, (name, dim) in enumerate(layout)
+        for v, (name, dim, _, _) in enumerate(signature.view_layout)
     }
 
 

@@ -48,23 +48,37 @@ async def received(request: Request, plane: DataPlane) -> AsyncIterator[bytes]:
         if declared is not None:
             reserve(declared)
         chunks, size = [], 0
-        async for chunk in _timed(request, settings.body_timeout_seconds, settings.body_min_bytes_per_second):
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(
-                    f"body over {limit} bytes; at most {limit} are accepted (DBF_MAX_BODY_BYTES)"
-                )
-            reserve(size)  # a body of undeclared length (chunked) reserves as it arrives
-            chunks.append(chunk)
-        body = b"".join(chunks)
-        if encoding != "identity":
-            body = await plane.run(
-                decompress, body, encoding, limit, inline=len(body) <= INLINE_BODY_BYTES // 8
+        started = time.monotonic()
+        timeout, min_rate = settings.body_timeout_seconds, settings.body_min_bytes_per_second
+        # One deadline for the whole body, moved on as bytes arrive: the overall limit, or the moment the
+        # bytes so far fall below the minimum rate, whichever comes first.
+        with anyio.move_on_after(_allowed(0, timeout, min_rate)) as arrival:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(too_large(f"body over {limit} bytes", limit))
+                reserve(size)  # a body of undeclared length (chunked) reserves as it arrives
+                chunks.append(chunk)
+                if min_rate:
+                    arrival.deadline = started + _allowed(size, timeout, min_rate)
+        if arrival.cancelled_caught:
+            raise RequestTimeout(
+                f"the body did not arrive in time: {size} bytes in {time.monotonic() - started:.1f} s "
+                f"(DBF_BODY_TIMEOUT_SECONDS {timeout:g}, DBF_BODY_MIN_BYTES_PER_SECOND {min_rate})"
             )
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if encoding != "identity":
+            small = len(body) <= INLINE_BODY_BYTES // 8  # it may inflate a hundredfold
+            body = await plane.run(decompress, body, encoding, limit, inline=small)
             reserve(size + len(body))
         yield body
     finally:
         plane.bodies.release(reserved)
+
+
+def _allowed(received: int, timeout: float, min_rate: int) -> float:
+    """Seconds from its start a body may take to bring its next bytes, having brought ``received``."""
+    return timeout if not min_rate else min(timeout, _RATE_GRACE_SECONDS + received / min_rate)
 
 
 def content_length(text: str | None, limit: int) -> int | None:
@@ -100,30 +114,3 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
             raise InvalidInput(f"the {encoding} body ends before its compressed stream does")
         return out
     raise InvalidInput(f"the body is not {encoding}-compressed data (Content-Encoding: {encoding})")
-
-
-async def _timed(request: Request, timeout: float, min_rate: int) -> AsyncIterator[bytes]:
-    """The body's chunks as they come, or :class:`RequestTimeout` when the whole body takes over ``timeout``
-    seconds or arrives slower than ``min_rate`` bytes a second on average after its first seconds."""
-    started, received = time.monotonic(), 0
-    chunks = request.stream().__aiter__()
-    while True:
-        # The latest moment for the next chunk: the overall deadline, or when the bytes so far fall below
-        # the minimum rate.
-        allowed = timeout if not min_rate else min(timeout, _RATE_GRACE_SECONDS + received / min_rate)
-        wait = allowed - (time.monotonic() - started)
-        chunk = None
-        if wait > 0:
-            with anyio.move_on_after(wait):
-                try:
-                    chunk = await chunks.__anext__()
-                except StopAsyncIteration:
-                    return
-        if chunk is None:
-            raise RequestTimeout(
-                f"the body did not arrive in time: {received} bytes in {time.monotonic() - started:.1f} s "
-                f"(DBF_BODY_TIMEOUT_SECONDS {timeout:g}, DBF_BODY_MIN_BYTES_PER_SECOND {min_rate})"
-            )
-        received += len(chunk)
-        if chunk:
-            yield chunk
