@@ -110,6 +110,9 @@ class Result:
         return self.label.shape[0]
 
     def rows(self, start: int, stop: int) -> Result:
-        whole = ("method", "lam", "coverage")  # the request's, not per sample
-        sliced = {f.name: getattr(self, f.name)[start:stop] for f in fields(self) if f.name not in whole}
+        sliced = {name: getattr(self, name)[start:stop] for name in _PER_SAMPLE}
         return Result(**sliced, method=self.method, lam=self.lam, coverage=self.coverage)
+
+
+# Result's per-sample arrays (method, lam and coverage are the request's).
+_PER_SAMPLE = tuple(f.name for f in fields(Result) if f.name not in ("method", "lam", "coverage"))

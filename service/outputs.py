@@ -82,11 +82,8 @@ def _class_names(result: Result, signature: ModelSignature) -> list[str]:
 
 def _present_conflict(result: Result, _: ModelSignature) -> list:
     """The V x V matrix per sample, with ``None`` rows and columns for views the sample lacked."""
-    conflict = result.conflict.tolist()
-    if result.present.all():
-        return conflict
     rows = []
-    for matrix, present in zip(conflict, result.present.tolist(), strict=True):
+    for matrix, present in zip(result.conflict.tolist(), result.present.tolist(), strict=True):
         if all(present):
             rows.append(matrix)
             continue
