@@ -4,5 +4,5 @@
 from service.api.routes import admin, inference, models, open_inference, probes
 
 # Predict first: routes are matched in order, and it carries the load.
-PROTECTED = (inference.router, open_inference.router, models.router, admin.router)
+PROTECTED = (inference.router, open_inference.inference, open_inference.router, models.router, admin.router)
 OPEN = (probes.router, probes.open_inference)

@@ -11,10 +11,13 @@ from fastapi.responses import Response
 
 from service import v2
 from service.api.openapi import documented, ok, ref
-from service.api.routes.inference import serve
+from service.api.routes.inference import DirectRoute, serve
 from service.dataplane import DataPlane
 
-router = APIRouter(prefix="/v2/models/{name}", tags=["open inference protocol (v2)"])
+TAGS = ["open inference protocol (v2)"]
+router = APIRouter(prefix="/v2/models/{name}", tags=TAGS)
+# Inference itself, served directly (DirectRoute), like v1's predict.
+inference = APIRouter(prefix="/v2/models/{name}", tags=TAGS, route_class=DirectRoute)
 
 INFER = {
     "openapi_extra": {
@@ -70,13 +73,13 @@ def model_version_ready(name: str, version: str, request: Request) -> dict[str, 
     return {"name": _plane(request).model(name, version).name, "ready": True}
 
 
-@router.post("/infer", **INFER)
+@inference.post("/infer", **INFER)
 async def infer(name: str, request: Request) -> Response:
     """Inference with tensors: JSON, or the binary tensor data extension (see :mod:`service.v2`)."""
     return await serve(request, v2, name)
 
 
-@router.post("/versions/{version}/infer", **INFER)
+@inference.post("/versions/{version}/infer", **INFER)
 async def infer_version(name: str, version: str, request: Request) -> Response:
     return await serve(request, v2, name, version)
 
