@@ -7,8 +7,8 @@ every protocol. A codec turns a body into an :class:`~service.inference.Inferenc
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import TypeVar
 
@@ -99,8 +99,8 @@ class DataPlane:
             )
         return model
 
-    @asynccontextmanager
-    async def admitted(self, model: LoadedModel) -> AsyncIterator[None]:
+    @contextmanager
+    def admitted(self, model: LoadedModel) -> Iterator[None]:
         """Count the request in flight, or shed it at once with 503 + Retry-After when too many are; its
         time inside is the request latency of the model."""
         settings = self.settings

@@ -56,13 +56,12 @@ def test_requests_past_the_in_flight_limit_are_shed_with_retry_after():
     model = dataplane.model(None)
 
     async def three() -> None:
-        async with dataplane.admitted(model), dataplane.admitted(model):
-            with pytest.raises(Overloaded) as shed:
-                async with dataplane.admitted(model):
-                    pass
+        with dataplane.admitted(model), dataplane.admitted(model):
+            with pytest.raises(Overloaded) as shed, dataplane.admitted(model):
+                pass
             assert shed.value.headers == {"Retry-After": "4"}
         assert dataplane.in_flight == 0
-        async with dataplane.admitted(model):  # every slot came back
+        with dataplane.admitted(model):  # every slot came back
             pass
 
     asyncio.run(three())

@@ -12,7 +12,7 @@ from fastapi.responses import Response
 from fastapi.routing import APIRoute
 
 from service import v1
-from service.api.body import received
+from service.api.body import Received
 from service.api.openapi import documented, ok, ref
 from service.auth import check_api_key
 from service.dataplane import INLINE_ANSWER_VALUES, INLINE_BODY_BYTES, DataPlane
@@ -64,25 +64,26 @@ async def serve(request: Request, codec: Codec, name: str | None, version: str |
     model = plane.model(name, version)
     codec.accept(request.headers)
     # The slot is taken once the body is in: a slow upload holds its connection, never a predict slot.
-    async with received(request, plane) as body, plane.admitted(model):
-        decoded, context = await plane.run(
-            codec.decode,
-            body,
-            request.headers,
-            model.signature,
-            max_samples=plane.settings.max_samples,
-            inline=len(body) <= INLINE_BODY_BYTES,
-        )
-        try:
-            result = await plane.infer(model, decoded)
-        except InvalidInput as error:
-            if error.sample is None:
-                raise
-            raise codec.locate(error, context) from None
-        answer_values = len(result) * model.values_per_sample
-        content, headers = await plane.run(
-            codec.encode, context, result, inline=answer_values <= INLINE_ANSWER_VALUES
-        )
+    async with Received(request, plane) as body:
+        with plane.admitted(model):
+            decoded, context = await plane.run(
+                codec.decode,
+                body,
+                request.headers,
+                model.signature,
+                max_samples=plane.settings.max_samples,
+                inline=len(body) <= INLINE_BODY_BYTES,
+            )
+            try:
+                result = await plane.infer(model, decoded)
+            except InvalidInput as error:
+                if error.sample is None:
+                    raise
+                raise codec.locate(error, context) from None
+            answer_values = len(result) * model.values_per_sample
+            content, headers = await plane.run(
+                codec.encode, context, result, inline=answer_values <= INLINE_ANSWER_VALUES
+            )
     return Response(content, headers=headers)
 
 
