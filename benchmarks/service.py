@@ -19,10 +19,12 @@ range, so the heads, fusion and response are the real ones.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -230,7 +232,8 @@ class Server:
         self.ready_path = ready_path
 
     def __enter__(self) -> str:
-        self.proc = subprocess.Popen(self.command, env=self.env, cwd=ROOT)
+        # A session of its own: stopping it stops the worker processes it starts too (MLServer's pool).
+        self.proc = subprocess.Popen(self.command, env=self.env, cwd=ROOT, start_new_session=True)
         url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -240,12 +243,20 @@ class Server:
             except httpx.TransportError:
                 pass
             time.sleep(0.2)
-        self.proc.kill()
+        self._stop(signal.SIGKILL)
         raise TimeoutError(f"{self.command} did not start")
 
     def __exit__(self, *_: object) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
+        self._stop(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # MLServer 1.7 can hang stopping its inference pool
+            self._stop(signal.SIGKILL)
+            self.proc.wait()
+
+    def _stop(self, stop: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):  # already gone
+            os.killpg(self.proc.pid, stop)
 
 
 def wrk_load(url: str, body: Path, headers: dict[str, str], case: Case, seconds: int, script: Path) -> Load:

