@@ -5,6 +5,7 @@ start-up, signals and worker processes)."""
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 import socket
 import subprocess
@@ -15,6 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import uvicorn
@@ -163,6 +165,16 @@ def get(url: str, path: str) -> bytes:
         return read_answer(conn)
 
 
+def _probe(url: str, started: Any, stop: Any, results: Any) -> None:
+    """The prober's loop (a child process): ``/health`` every 50 ms until ``stop``, then the latencies."""
+    latencies = []
+    while not stop.is_set():
+        latencies.append(health_once(url))
+        started.set()  # the attack begins once the service has been probed
+        stop.wait(0.05)
+    results.put(latencies)
+
+
 def health_once(url: str) -> float:
     """Seconds for ``GET /health`` on a new connection (inf when it fails or takes over 5 s)."""
     started = time.perf_counter()
@@ -175,22 +187,21 @@ def health_once(url: str) -> float:
 
 @contextmanager
 def probing(url: str, attack: str) -> Iterator[list[float]]:
-    """Probe ``/health`` every 50 ms while the block runs; prints the p99 and checks it loosely."""
+    """Probe ``/health`` every 50 ms while the block runs; prints the p99 and checks it loosely. The prober
+    is a process of its own: a thread here would wait for this process's GIL, held by the attack's client,
+    and time the attacker rather than the service."""
     latencies: list[float] = []
-    stop = threading.Event()
-
-    def probe() -> None:
-        while not stop.is_set():
-            latencies.append(health_once(url))
-            stop.wait(0.05)
-
-    thread = threading.Thread(target=probe, daemon=True)
-    thread.start()
+    context = multiprocessing.get_context("spawn")
+    started, stop, results = context.Event(), context.Event(), context.Queue()
+    prober = context.Process(target=_probe, args=(url, started, stop, results), daemon=True)
+    prober.start()
+    assert started.wait(60), "the /health prober did not start"
     try:
         yield latencies
     finally:
         stop.set()
-        thread.join()
+        latencies.extend(results.get(timeout=60))
+        prober.join(timeout=10)
     p99 = sorted(latencies)[max(0, math.ceil(0.99 * len(latencies)) - 1)]
     most = max(latencies)
     print(

@@ -30,8 +30,10 @@ def probe(on: APIRouter, path: str, **options: Any) -> Callable[[Callable], Call
     return register
 
 
+# The probes are coroutines: answered on the event loop, with no hop to a worker thread, whose GIL handoffs
+# behind busy codec and inference threads cost tens of milliseconds (a sync route runs in the thread pool).
 @probe(router, "/health", **documented(ok("Health")))
-def health() -> dict[str, str]:
+async def health() -> dict[str, str]:
     """Liveness: the process answers (inference runs off the event loop, so this stays fast under load)."""
     return {"status": "ok"}
 
@@ -41,7 +43,7 @@ def health() -> dict[str, str]:
     "/ready",
     **documented(ok("Readiness"), unavailable=ok("Readiness", "models not loaded, or failed verification")),
 )
-def ready(request: Request) -> JSONResponse:
+async def ready(request: Request) -> JSONResponse:
     """Readiness: 200 once every model is loaded and verified, else 503 with the reason."""
     plane: DataPlane = request.app.state.dataplane
     if plane.repository is None:
@@ -67,7 +69,7 @@ def server_metadata(request: Request) -> dict[str, object]:
 
 
 @probe(open_inference, "/health/live", **documented(ok("ServerLiveness")))
-def server_live() -> dict[str, bool]:
+async def server_live() -> dict[str, bool]:
     return {"live": True}
 
 
@@ -76,6 +78,6 @@ def server_live() -> dict[str, bool]:
     "/health/ready",
     **documented(ok("ServerReadiness"), unavailable=ok("ServerReadiness", "models not loaded")),
 )
-def server_ready(request: Request) -> JSONResponse:
+async def server_ready(request: Request) -> JSONResponse:
     ready = request.app.state.dataplane.repository is not None
     return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
