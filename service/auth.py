@@ -22,24 +22,21 @@ _BEARER = HTTPBearer(auto_error=False, description="DBF_API_KEY, when the servic
 
 
 async def require_api_key(
-    request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)]
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)]
 ) -> None:
-    """The dependency guarded routes carry (its parameter documents the scheme in the OpenAPI schema)."""
-    check_api_key(request)
-
-
-def check_api_key(request: Request) -> None:
-    """401 unless the request carries ``Authorization: Bearer <DBF_API_KEY>`` (no key set: nothing to check).
-    Read as FastAPI's ``HTTPBearer`` reads it; inference routes call it themselves (they solve no
-    dependencies: :class:`service.api.routes.inference.DirectRoute`)."""
     key = request.app.state.settings.api_key
     if key is None:
         return
     challenge = {"WWW-Authenticate": "Bearer"}
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token:
+    if credentials is None:
         raise Unauthorized("this endpoint needs 'Authorization: Bearer <DBF_API_KEY>'", headers=challenge)
     # Constant time: how long the comparison takes says nothing about how much of the token was right.
-    if not hmac.compare_digest(token.encode(), key.get_secret_value().encode()):
+    if not hmac.compare_digest(credentials.credentials.encode(), key.get_secret_value().encode()):
         raise Unauthorized("invalid bearer token", headers=challenge)
+
+
+async def check_api_key(request: Request) -> None:
+    """:func:`require_api_key` for the routes that solve no dependencies
+    (:class:`service.api.routes.inference.DirectRoute`): the same header parsing, the same check."""
+    if request.app.state.settings.api_key is not None:
+        await require_api_key(request, await _BEARER(request))

@@ -57,7 +57,7 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
     else:
         confidence, coverage = np.full(n, np.nan, np.float32), None
         sets = np.zeros((n, k), dtype=bool)
-    _record(model, request, fused, max_conflict, flagged, blame, confidence, sets)
+    _record(model, request, fused, max_conflict, flagged, blame, confidence, sets, complete=complete)
     return Result(
         present=request.present,
         label=fused.probability.argmax(-1),
@@ -78,7 +78,7 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
     )
 
 
-def _record(model, request, fused, max_conflict, flagged, blame, confidence, sets) -> None:
+def _record(model, request, fused, max_conflict, flagged, blame, confidence, sets, *, complete) -> None:
     """Per-sample metrics, observed in bulk (one histogram update per bucket, not per sample)."""
     children = metrics.children(
         model.manifest.name, request.method, [view.name for view in model.manifest.views]
@@ -86,7 +86,6 @@ def _record(model, request, fused, max_conflict, flagged, blame, confidence, set
     children.predictions.inc(len(flagged))
     metrics.observe_many(children.uncertainty, fused.uncertainty)
     metrics.observe_many(children.max_conflict, max_conflict)
-    complete = request.present.all()
     for v, view_children in enumerate(children.views):
         discount = fused.discount[:, v] if complete else fused.discount[request.present[:, v], v]
         metrics.observe_many(view_children.discount, discount)

@@ -35,7 +35,7 @@ class DirectRoute(APIRoute):
         endpoint = self.endpoint
 
         async def handle(request: Request) -> Response:
-            check_api_key(request)
+            await check_api_key(request)
             return await endpoint(request=request, **request.path_params)
 
         return handle
