@@ -2,18 +2,17 @@
 :class:`~service.inference.Result` -> the JSON answer. Errors say what is wrong and where, in v1's grammar
 (``samples[i].views.<name>``).
 
-Two decoders give the same answers. The fast one decodes with msgspec straight into typed lists (in C, no
-per-float Python) and converts every view to numpy at once; it declines anything unusual. The strict one,
-the authority, walks the document in Python and names the first problem exactly; it runs only when the fast
-one declines, so bad input costs more than good input, both bounded by the body-size limit. Both read the
-grammar of :class:`service.schemas.PredictRequest`.
+Two decoders give the same answers. The fast one parses with simdjson and reads each view's numbers straight
+into an array (in C, no per-float Python: :mod:`service.json_numbers`); it declines anything unusual. The
+strict one, the authority, walks the document in Python and names the first problem exactly; it runs only
+when the fast one declines, so bad input costs more than good input, both bounded by the body-size limit.
+Both read the grammar of :class:`service.schemas.PredictRequest`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +20,7 @@ import msgspec
 import numpy as np
 import orjson
 
+from service import json_numbers
 from service.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
 from service.inference import InferenceRequest, ModelSignature, Result
 from service.outputs import FIELDS
@@ -31,6 +31,8 @@ _JSON = {"content-type": MEDIA_TYPE}
 # The body's fields, as the wire type spells them (the strict decoder refuses any other).
 _BODY_FIELDS = tuple(field.encode_name for field in msgspec.structs.fields(PredictRequest))
 _FIELD_NAMES = tuple(output.name for output in FIELDS)
+_BODY_KEYS = frozenset(_BODY_FIELDS)
+_SCALARS = (str, int, float, bool, type(None))
 
 
 def accept(headers: Mapping[str, str]) -> None:
@@ -78,72 +80,72 @@ def parse(body: bytes, signature: ModelSignature, *, max_samples: int) -> Infere
     return request if request is not None else _parse_strict(body, signature, max_samples)
 
 
-_DECODER = msgspec.json.Decoder(PredictRequest)
-# Values are converted to numpy a block of samples at a time: one call per block rather than one per view,
-# and no single call holding the GIL for long on a big body (the event loop waits for it meanwhile).
-_BLOCK_SAMPLES = 64
-# A key is a string followed by a colon; with no backslash in the body no string can hold a quote, so this
-# counts every key of the document (to find duplicate keys, which msgspec, like most parsers, lets through).
-_KEY = re.compile(rb'"[ \t\r\n]*:')
-
-
 def _parse_fast(body: bytes, signature: ModelSignature, max_samples: int) -> InferenceRequest | None:
     """The request, or None where :func:`_parse_strict` must decide (and explain)."""
-    if b"\\" in body:  # escapes could spell a duplicate key differently
+    read = json_numbers.read(body, lambda document: _read(document, signature, max_samples))
+    if read is None:
         return None
-    try:
-        decoded = _DECODER.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
-        return None
-    samples = decoded.samples
-    if not samples:
-        return None
-    if len(samples) > max_samples:
-        raise PayloadTooLarge(_too_many(len(samples), max_samples))
-    given = (("method", decoded.method), ("lambda", decoded.lam), ("coverage", decoded.coverage))
-    options = {key: value for key, value in given if value is not msgspec.UNSET}
-    keys = 1 + len(options) + sum(1 + len(sample.views) for sample in samples)
-    # Every key is followed by a colon outside any string: as many colons as keys msgspec kept means no
-    # key was repeated (a colon inside a string only makes the count look worse; the regex then decides).
-    if body.count(b":") != keys and len(_KEY.findall(body)) != keys:
+    options, values, present, arrays = read
+    # Each array the reader took as a view's values holds only numbers, and as many as the view's
+    # dimension; as many brackets as those arrays (and ``samples``') means none was a nested array.
+    if json_numbers.opening_brackets(body) != arrays + 1:
         return None
     try:
         method, lam, coverage = _options(options, signature)
     except InvalidInput:
         return None
-    # The values of all the views sent in one list, sample after sample and view after view in the manifest's
-    # order, converted a block of samples at a time: one numpy call per block rather than one per view. A
-    # view not sent takes no room (at its dimension, zeros for it could take more than the body).
-    layout, absent, blocks = signature.view_layout, [], []
-    for start in range(0, len(samples), _BLOCK_SAMPLES):
-        flat: list[float] = []
-        for i, sample in enumerate(samples[start : start + _BLOCK_SAMPLES], start):
-            views, found = sample.views, 0
-            for v, (name, dim, _, _) in enumerate(layout):
-                values = views.get(name)
-                if values is None:
-                    absent.append((i, v))
-                elif len(values) != dim:
-                    return None
-                else:
-                    flat += values
-                    found += 1
-            if found == 0 or found != len(views):  # no views, or names the model does not have
-                return None
-        with np.errstate(over="ignore"):  # beyond float32: infinity, found below
-            blocks.append(np.fromiter(flat, np.float32, count=len(flat)))  # 15-20% under np.array
-    values = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
+    with np.errstate(over="ignore"):  # beyond float32: infinity, found below
+        values = values.astype(np.float32)
     # Beyond float32 a value becomes infinity. The sum is not finite if a value is not, or (rarely) if finite
     # ones overflow float32: either way the strict parser decides. A float64 sum costs 4x more here.
     with np.errstate(over="ignore", invalid="ignore"):
         total = np.add.reduce(values)
     if not math.isfinite(total):
         return None
-    present = np.ones((len(samples), len(layout)), dtype=bool)
-    if absent:
-        present[tuple(np.array(absent).T)] = False
-    features = _views_of(values, present, signature, complete=not absent)
+    features = _views_of(values, present, signature, complete=bool(present.all()))
     return InferenceRequest(features, present, method, lam, coverage)
+
+
+def _read(
+    document: Any, signature: ModelSignature, max_samples: int
+) -> tuple[dict[str, Any], np.ndarray, np.ndarray, int] | None:
+    """From simdjson's document: the options, the values of all the views sent (sample after sample, view
+    after view in the manifest's order: a view not sent takes no room), which views each sample has, and
+    how many arrays were read. None if anything is unusual."""
+    keys = json_numbers.object_keys(document)
+    if keys is None or not set(keys) <= _BODY_KEYS or "samples" not in keys:
+        return None
+    options = {key: document[key] for key in keys if key != "samples"}
+    if not all(type(value) in _SCALARS for value in options.values()):
+        return None  # an object or a list: the strict parser words it
+    # Numbers arrive as floats from the other parsers (integers too): as floats here, for _options.
+    options = {key: float(value) if type(value) is int else value for key, value in options.items()}
+    samples = document["samples"]
+    if type(samples) is not json_numbers.Array or not samples:
+        return None
+    if len(samples) > max_samples:
+        raise PayloadTooLarge(_too_many(len(samples), max_samples))
+    layout, names = signature.view_layout, signature.view_index.keys()
+    present = np.zeros((len(samples), len(layout)), dtype=bool)
+    buffers = []
+    for i, sample in enumerate(samples):
+        if json_numbers.object_keys(sample) != ["views"]:
+            return None
+        views = sample["views"]
+        given = json_numbers.object_keys(views)
+        if not given or not names >= set(given):  # not an object, a repeated key, none or unknown views
+            return None
+        for v, (name, dim, _, _) in enumerate(layout):
+            if name in given:
+                values = views[name]
+                if type(values) is not json_numbers.Array or len(values) != dim:
+                    return None
+                numbers = json_numbers.numbers(values)
+                if numbers is None:
+                    return None
+                buffers.append(numbers)
+                present[i, v] = True
+    return options, np.concatenate(buffers), present, len(buffers)
 
 
 def _views_of(

@@ -57,7 +57,7 @@ def test_the_client_and_the_v2_codec_need_numpy_httpx_and_msgspec_only():
     must not need onnxruntime, prometheus-client, the web framework, pydantic or the fusion package."""
     server_side = (
         "onnxruntime", "prometheus_client", "fastapi", "starlette", "uvicorn", "anyio", "pydantic",
-        "pydantic_settings", "orjson", "array_api_compat", "torch", "fusion", "manifest",
+        "pydantic_settings", "orjson", "simdjson", "array_api_compat", "torch", "fusion", "manifest",
     )  # fmt: skip
     script = f"""
 import sys

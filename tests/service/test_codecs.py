@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import zlib
+from unittest import mock
 
 import msgspec
 import numpy as np
@@ -186,16 +188,24 @@ def test_v2_refuses_what_is_ours_and_wrong(extra, message):
     assert message in refused.value.message
 
 
-def test_v2_deep_nesting_anywhere_is_a_400():
+def decode_json(body: bytes, *, fast: bool = True) -> tuple[InferenceRequest, v2.Context]:
+    """``v2.decode`` of a JSON body read by simdjson whatever its size (fast), or by msgspec alone."""
+    with mock.patch.object(v2, "_FAST_READ_BYTES", 0 if fast else math.inf):
+        return v2.decode(body, {}, SIGNATURE, max_samples=8)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_v2_deep_nesting_anywhere_is_a_400(fast):
     for deep in (
         b'{"inputs": [], "parameters": {"x": ' + b"[" * 5000 + b"]" * 5000 + b"}}",
+        b'{"inputs": [], "parameters": {"x": ' + b"[" * 1000 + b"]" * 1000 + b"}}",  # within simdjson's depth
         b'{"inputs": [{"name": "a", "datatype": "FP32", "shape": [1, 2], "data": '
         + b"[" * 5000
         + b"]" * 5000
         + b"}]}",
     ):
         with pytest.raises(InvalidInput):
-            v2.decode(deep, {}, SIGNATURE, max_samples=8)
+            decode_json(deep, fast=fast)
 
 
 @pytest.mark.parametrize(
@@ -206,6 +216,111 @@ def test_v2_json_data_flat_or_nested(data):
     request, _ = v2.decode(v2_body([{**A, "data": data}]), {}, SIGNATURE, max_samples=8)
     assert request.features["a"].tolist() == [np.asarray(data, np.float32).ravel().tolist()]
     assert request.features["a"].dtype == np.float32 and request.features["a"].flags.c_contiguous
+
+
+@given(
+    numbers=st.lists(
+        st.floats(allow_nan=False, allow_infinity=False)
+        | st.floats(allow_nan=False, allow_infinity=False, width=32)
+        | st.integers(-(2**63), 2**64 - 1)  # simdjson's 64-bit integers
+        | st.integers(-(10**40), 10**40)  # beyond: msgspec's path
+        | st.sampled_from([-0.0, 5e-324, 1.4e-45, 3.4028235e38, 3.4028236e38, 1e308]),
+        min_size=2,
+        max_size=2,
+    ),
+    separators=st.sampled_from([(",", ":"), (", ", ": "), (" ,\n\t", ": ")]),
+)
+def test_v2_json_data_reads_as_msgspec_and_numpy_read_it(numbers, separators):
+    """Flat data is read by simdjson straight into doubles: each value the float32 that msgspec's float,
+    then numpy's conversion, makes of it (or the same refusal, where it is beyond float32)."""
+    data = json.dumps(numbers, separators=separators)
+    body = b'{"inputs": [{"name": "a", "datatype": "FP32", "shape": [1, 2], "data": %s}]}' % data.encode()
+    with np.errstate(over="ignore"):
+        expected = np.array(msgspec.json.decode(data, type=list[float]), np.float64).astype(np.float32)
+    if not np.isfinite(expected).all():
+        with pytest.raises(InvalidInput, match="not a finite float32"):
+            decode_json(body)
+        return
+    request, _ = decode_json(body)
+    assert request.features["a"].tobytes() == expected.reshape(1, 2).tobytes()  # -0.0 too
+
+
+SCALARS = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False)
+JSON_VALUES = st.recursive(
+    SCALARS | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=6,
+)
+DATA = (
+    st.lists(st.floats(allow_nan=False) | st.integers(-(2**70), 2**70), min_size=2, max_size=2)
+    | st.lists(st.lists(st.floats(allow_nan=False), min_size=2, max_size=2), min_size=1, max_size=1)
+    | JSON_VALUES
+)
+
+
+@st.composite
+def v2_json_bodies(draw) -> bytes:
+    """Requests as clients write them, and as they should not: any data, ids and parameters of any JSON,
+    fields of the wrong type, repeated keys, random whitespace."""
+    inputs = []
+    for name in draw(st.lists(st.sampled_from(["a", "b"]), min_size=0, max_size=2)):
+        tensor = {"name": name, "datatype": "FP32", "shape": [1, 2 if name == "a" else 3]}
+        if draw(st.booleans()):
+            tensor["data"] = draw(DATA) if name == "a" else [0.5, 1, -2e-3]
+        tensor.update(draw(st.dictionaries(st.sampled_from(["parameters", "shape", "extra"]), JSON_VALUES)))
+        inputs.append(tensor)
+    extra = draw(st.dictionaries(st.sampled_from(["id", "parameters", "outputs"]), JSON_VALUES))
+    body = {"inputs": inputs, **extra}
+    text = json.dumps(body, indent=draw(st.sampled_from([None, 1])))
+    if draw(st.booleans()):  # a key given twice
+        text = text.replace('"name": "a"', '"name": "a", "name": "b"', 1)
+    return text.encode()
+
+
+@given(body=v2_json_bodies())
+def test_v2_json_bodies_read_fast_as_msgspec_reads_them(body):
+    """simdjson's reader of whole JSON bodies changes nothing but the time: the same request and context,
+    or the same refusal, as msgspec's path alone."""
+
+    fast, slow = outcome(decode_json, body), outcome(lambda b: decode_json(b, fast=False), body)
+    assert _comparable(fast) == _comparable(slow)
+
+
+def _comparable(decoded):
+    value, error = decoded
+    if error is not None:
+        return type(error), error.message
+    request, context = value
+    features = {name: (array.dtype, array.shape, array.tobytes()) for name, array in request.features.items()}
+    return features, request.present.tolist(), request.method, request.lam, request.coverage, context
+
+
+def test_ordinary_v2_json_bodies_are_read_fast():
+    body = v2_body([A, {"name": "b", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}], id="r[1]x")
+    assert v2._read_fast(body) is None  # a bracket in a string: msgspec's path reads it
+    request, flat = v2._read_fast(v2_body([A], id="r1", parameters={"lambda": 2, "x": [1, {"y": [2]}]}))
+    assert request.id == "r1" and request.parameters == {"lambda": 2, "x": [1, {"y": [2]}]}
+    assert flat[0].tolist() == [0.5, 0.25] and request.inputs[0].data is msgspec.UNSET
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        "[[0.5], [0.25]]",  # as many numbers as the shape asks, nested otherwise than the shape
+        "[[0.5], 0.25]",
+        "[[0.5, 0.25], []]",
+        "[0.5, true]",
+        '[0.5, "0.25"]',
+        "[0.5, null]",
+        "[0.5, 1e400]",
+        '{"0": 0.5, "1": 0.25}',
+    ],
+)
+@pytest.mark.parametrize("fast", [True, False])
+def test_v2_json_data_that_is_not_numbers_as_the_shape_is_refused(data, fast):
+    body = b'{"inputs": [{"name": "a", "datatype": "FP32", "shape": [1, 2], "data": %s}]}' % data.encode()
+    with pytest.raises(InvalidInput, match=r"inputs\[0\] \(a\): data must be 2 numbers"):
+        decode_json(body, fast=fast)
 
 
 @given(

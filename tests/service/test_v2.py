@@ -97,6 +97,26 @@ def test_json_tensors_and_chosen_outputs(url):
     }
 
 
+@pytest.mark.parametrize("n", [1, 40])  # 13 KB and 530 KB of JSON: msgspec's reader and simdjson's
+def test_json_tensors_answer_as_binary_ones(url, n):
+    given = features(n, seed=n)
+    body = {
+        "inputs": [
+            {"name": k, "datatype": "FP32", "shape": list(v.shape), "data": v.ravel().tolist()}
+            for k, v in given.items()
+        ],
+        "parameters": {"binary_data_output": True},
+    }
+    response = httpx.post(url + INFER, json=body)
+    assert response.status_code == 200, response.text
+    got = decode_response(response.content, dict(response.headers))
+    binary = infer(url, *encode_request(given))
+    expected = decode_response(binary.content, dict(binary.headers))
+    assert got.keys() == expected.keys()
+    for name, array in expected.items():
+        assert got[name].tobytes() == array.tobytes(), name
+
+
 def _binary(inputs: list[dict], blob: bytes, **extra) -> tuple[bytes, dict[str, str]]:
     header = msgspec.json.encode({"inputs": inputs, **extra})
     return header + blob, {"content-type": "application/octet-stream", HEADER_LENGTH: str(len(header))}

@@ -1,0 +1,114 @@
+"""JSON bodies read by simdjson, their arrays of numbers straight into float64 arrays: the codecs' fast paths.
+
+msgspec and orjson make a Python float of every number (166,000 for a 256-sample HandWritten body: 11 of
+the 15 ms its v2 decode took, 16 ms for v1), and numpy's text parsers are slower still; simdjson parses the
+document in C and ``as_buffer`` copies an array's numbers out as doubles. What it cannot read (not JSON, a
+number beyond float64, nesting deeper than 1024) comes back None: the codec's other path decides and words
+the error. Server side only: clients never decode requests.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
+import simdjson
+
+T = TypeVar("T")
+
+# A parser keeps the buffers of the largest document it read (about twice its size), and allocating them
+# costs about as much as the parse: parsers are lent, and those that read at most _KEPT_BYTES are kept for
+# the next request, a few at most (more concurrent parses get fresh ones).
+_IDLE: queue.SimpleQueue[simdjson.Parser] = queue.SimpleQueue()
+_KEPT = min(os.cpu_count() or 1, 4)
+_KEPT_BYTES = 4 << 20
+_OPENING_BRACKET = ord("[")
+Array, Object = simdjson.Array, simdjson.Object  # a document's proxies
+
+
+def read(text: bytes, reader: Callable[[Any], T]) -> T | None:
+    """``reader(document)`` on ``text`` parsed, or None if simdjson cannot read ``text``.
+
+    ``reader`` gets the document as simdjson's proxies (``simdjson.Object``, ``simdjson.Array``, Python
+    scalars), valid during the call only: it returns plain values. An exception it raises propagates.
+
+    >>> read(b'{"data": [1, 2.5]}', lambda doc: numbers(doc["data"]).tolist())
+    [1.0, 2.5]
+    >>> read(b'{"data": [1e999]}', lambda doc: 0) is None
+    True
+    """
+    try:
+        parser = _IDLE.get_nowait()
+    except queue.Empty:
+        parser = simdjson.Parser()
+    try:
+        document = parser.parse(text)
+    except (ValueError, RuntimeError):  # not JSON, too deep (ValueError); an integer beyond 64 bits
+        return None
+    result = reader(document)  # an exception leaves the parser to the garbage collector with its proxies
+    del document
+    if len(text) <= _KEPT_BYTES and _IDLE.qsize() < _KEPT:
+        _IDLE.put(parser)
+    return result
+
+
+def numbers(array: Any) -> np.ndarray | None:
+    """A JSON array's numbers as float64 (integers converted), or None if it is not an array of numbers.
+
+    Nested arrays are flattened: where that matters, count the brackets (:func:`opening_brackets`).
+
+    >>> read(b'[[1, 2], [3]]', numbers).tolist()
+    [1.0, 2.0, 3.0]
+    >>> read(b'[1, true]', numbers) is None
+    True
+    """
+    if type(array) is not Array:
+        return None
+    try:
+        return np.frombuffer(array.as_buffer(of_type="d"), np.float64)
+    except TypeError:  # an element that is not a number (or an array of numbers)
+        return None
+
+
+def opening_brackets(text: bytes) -> int:
+    """How many ``[`` there are in ``text`` (in strings too): as many as the arrays a reader saw means none
+    was nested in another. (numpy's comparison: 5x faster than ``bytes.count``.)
+
+    >>> opening_brackets(b'{"a": [1, 2], "b": [[3]]}')
+    3
+    """
+    return int(np.count_nonzero(np.frombuffer(text, np.uint8) == _OPENING_BRACKET))
+
+
+def object_keys(value: Any) -> list[str] | None:
+    """An object's keys, or None if it is not an object or repeats a key (``object[key]`` reads the first,
+    where msgspec and ``as_dict`` keep the last).
+
+    >>> read(b'{"a": 1, "b": 2}', object_keys), read(b'{"a": 1, "a": 2}', object_keys)
+    (['a', 'b'], None)
+    """
+    if type(value) is not Object:
+        return None
+    keys = list(value.keys())
+    return keys if len(set(keys)) == len(keys) else None
+
+
+def plain(value: Any) -> Any:
+    """A proxy as Python values (dicts, lists, scalars); a scalar as it is."""
+    if type(value) is Object:
+        return value.as_dict()
+    return value.as_list() if type(value) is Array else value
+
+
+def lists_in(value: Any) -> int:
+    """How many lists there are in Python values (to compare with :func:`opening_brackets`).
+
+    >>> lists_in({"a": [1, [2]], "b": {"c": []}})
+    3
+    """
+    if isinstance(value, dict):
+        return sum(lists_in(v) for v in value.values())
+    return 1 + sum(lists_in(v) for v in value) if isinstance(value, list) else 0
