@@ -126,26 +126,25 @@ def _read(
     if len(samples) > max_samples:
         raise PayloadTooLarge(_too_many(len(samples), max_samples))
     layout, names = signature.view_layout, signature.view_index.keys()
-    present = np.zeros((len(samples), len(layout)), dtype=bool)
-    buffers = []
-    for i, sample in enumerate(samples):
+    present, buffers = [], []
+    for sample in samples:
         if json_numbers.object_keys(sample) != ["views"]:
             return None
         views = sample["views"]
         given = json_numbers.object_keys(views)
         if not given or not names >= set(given):  # not an object, a repeated key, none or unknown views
             return None
-        for v, (name, dim, _, _) in enumerate(layout):
+        for name, dim, _, _ in layout:
             if name in given:
                 values = views[name]
                 if type(values) is not json_numbers.Array or len(values) != dim:
                     return None
-                numbers = json_numbers.numbers(values)
-                if numbers is None:
-                    return None
-                buffers.append(numbers)
-                present[i, v] = True
-    return options, np.concatenate(buffers), present, len(buffers)
+                buffers.append(values)
+        present.append([name in given for name, _, _, _ in layout])
+    values = json_numbers.concatenated(buffers)
+    if values is None:
+        return None
+    return options, values, np.array(present, dtype=bool), len(buffers)
 
 
 def _views_of(
