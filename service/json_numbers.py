@@ -55,39 +55,30 @@ def read(text: bytes, reader: Callable[[Any], T]) -> T | None:
     return result
 
 
-def numbers(array: Any) -> np.ndarray | None:
-    """A JSON array's numbers as float64 (integers converted), or None if it is not an array of numbers.
+def numbers(*arrays: Any) -> np.ndarray | None:
+    """The numbers of JSON arrays, one after another, as float64 (integers converted); None if one is not
+    an array of numbers.
 
     Nested arrays are flattened: where that matters, count the brackets (:func:`opening_brackets`).
 
     >>> read(b'[[1, 2], [3]]', numbers).tolist()
     [1.0, 2.0, 3.0]
+    >>> read(b'[[1, 2], [3]]', lambda doc: numbers(doc[1], doc[0]).tolist())
+    [3.0, 1.0, 2.0]
     >>> read(b'[1, true]', numbers) is None
     True
     """
-    if type(array) is not Array:
-        return None
     try:
-        return np.frombuffer(array.as_buffer(of_type="d"), np.float64)
-    except TypeError:  # an element that is not a number (or an array of numbers)
-        return None
-
-
-def concatenated(arrays: list[Any]) -> np.ndarray | None:
-    """The numbers of JSON arrays, one after another, as float64; None if one is not an array of numbers.
-
-    >>> read(b'[[1, 2], [3]]', lambda doc: concatenated([doc[0], doc[1]]).tolist())
-    [1.0, 2.0, 3.0]
-    """
-    try:  # one copy of them all, rather than an array of each to concatenate
-        return np.frombuffer(b"".join([array.as_buffer(of_type="d") for array in arrays]), np.float64)
+        buffers = [array.as_buffer(of_type="d") for array in arrays]
     except (TypeError, AttributeError):  # an element that is not a number; not an array
         return None
+    # Several: one copy of them all, rather than an array of each to concatenate.
+    return np.frombuffer(buffers[0] if len(buffers) == 1 else b"".join(buffers), np.float64)
 
 
 def opening_brackets(text: bytes) -> int:
     """How many ``[`` there are in ``text`` (in strings too): as many as the arrays a reader saw means none
-    was nested in another. (numpy's comparison: 5x faster than ``bytes.count``.)
+    was nested in another. (numpy's comparison: 1.7x faster than ``bytes.count`` on 13 KB, 5x on 3.4 MB.)
 
     >>> opening_brackets(b'{"a": [1, 2], "b": [[3]]}')
     3

@@ -141,7 +141,7 @@ def _read(
                     return None
                 buffers.append(values)
         present.append([name in given for name, _, _, _ in layout])
-    values = json_numbers.concatenated(buffers)
+    values = json_numbers.numbers(*buffers)
     if values is None:
         return None
     return options, values, np.array(present, dtype=bool), len(buffers)
