@@ -2,15 +2,16 @@
 
 Like Triton's dynamic batcher: requests wait in a queue (bounded by the service's in-flight limit), and a
 batch closes when it holds ``max_samples`` samples or its first request has waited ``max_delay`` seconds.
-Batches run on the inference threads; while all of them are busy, the queue keeps filling, so batches grow
-with the load and an idle service adds no delay (``max_delay`` 0: a batch is whatever has arrived by the
-time a thread is free).
+A batch takes one of the ``limiter``'s slots (an inference thread) while it runs; while all are taken, the
+queue keeps filling, so batches grow with the load and an idle service adds no delay (``max_delay`` 0: a
+batch is whatever has arrived by the time a slot is free). Where a batch runs, on a thread or on the event
+loop, is ``run``'s choice (:meth:`service.dataplane.DataPlane.predict`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -28,9 +29,10 @@ class _Waiting:
 
 @dataclass
 class MicroBatcher:
-    """``await batcher.submit(model, request)`` gives the same :class:`Result` as ``run(model, request)``."""
+    """``await batcher.submit(model, request)`` gives the same :class:`Result` as
+    ``await run(model, request)``."""
 
-    run: Callable[[LoadedModel, InferenceRequest], Result]
+    run: Callable[[LoadedModel, InferenceRequest], Awaitable[Result]]
     limiter: anyio.CapacityLimiter
     max_samples: int
     max_delay: float = 0.0
@@ -56,7 +58,7 @@ class MicroBatcher:
                 if self.max_delay > 0 and sum(len(w.request) for w in queue) < self.max_samples:
                     await asyncio.sleep(self.max_delay)
                 token = object()  # the batch's own token: _run releases it from another task
-                await self.limiter.acquire_on_behalf_of(token)  # a free thread; meanwhile requests arrive
+                await self.limiter.acquire_on_behalf_of(token)  # a free slot; meanwhile requests arrive
                 taken, size = [], 0
                 while queue and (not taken or size + len(queue[0].request) <= self.max_samples):
                     waiting = queue.pop(0)
@@ -74,7 +76,7 @@ class MicroBatcher:
             requests = [w.request for w in taken]
             model = taken[0].model
             try:
-                result = await anyio.to_thread.run_sync(self.run, model, InferenceRequest.concat(requests))
+                result = await self.run(model, InferenceRequest.concat(requests))
             except Exception as error:
                 if len(taken) == 1:
                     _settle(taken[0].future, error=error)
@@ -83,7 +85,7 @@ class MicroBatcher:
                 # request alone so the error reaches its sender only.
                 for waiting in taken:
                     try:
-                        one = await anyio.to_thread.run_sync(self.run, model, waiting.request)
+                        one = await self.run(model, waiting.request)
                     except Exception as own:
                         _settle(waiting.future, error=own)
                     else:

@@ -67,6 +67,16 @@ class LoadedModel:
         )
 
     @cached_property
+    def on_cpu(self) -> bool:
+        """Whether every head runs on the CPU (none on a GPU)."""
+        return all(provider == CPU for provider in self.providers.values())
+
+    @cached_property
+    def features_per_sample(self) -> int:
+        """Feature values in one complete sample (every view's)."""
+        return sum(view.dim for view in self.manifest.views)
+
+    @cached_property
     def values_per_sample(self) -> int:
         """Numbers in one sample's answer (every output tensor's): what rendering an answer costs."""
         k, v = len(self.manifest.classes), len(self.manifest.views)

@@ -1,5 +1,6 @@
 """A request's way through a model: each present view's head -> evidence -> fusion -> flag -> :class:`Result`.
-Nothing here touches the disk or the event loop, or knows a protocol: it runs in an inference thread.
+Nothing here touches the disk or awaits, or knows a protocol: the data plane runs it on an inference thread,
+or on the event loop for a small batch (:meth:`service.dataplane.DataPlane.predict`).
 """
 
 from __future__ import annotations

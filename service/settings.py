@@ -57,8 +57,9 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = None
     require_gpu: bool = Field(default=False, description="refuse to start unless CUDA really runs the heads")
     # Each view's onnxruntime session gets one thread and no spinning: the heads are small matrix products,
-    # a request runs its views one after another in one worker thread, and concurrency comes from running
-    # requests in parallel (inference_threads), so per-session pools would only oversubscribe the cores.
+    # a batch runs its views one after another (in one inference thread, or on the event loop when small),
+    # and concurrency comes from running batches in parallel (inference_threads), so per-session pools would
+    # only oversubscribe the cores.
     onnx_threads: int = Field(default=1, ge=1)
     inference_threads: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
     log_level: str = "info"

@@ -4,14 +4,17 @@ body memory budget), and micro-batching that answers each request as if it ran a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import threading
 
 import numpy as np
 import pytest
 
-from service.dataplane import BodyBudget, DataPlane
+from service import runtime
+from service.dataplane import INLINE_PREDICT_FEATURES, BodyBudget, DataPlane
 from service.errors import InvalidInput, ModelNotFound, NotReady, Overloaded
 from service.inference import InferenceRequest
-from service.repository import load_repository
+from service.repository import CUDA, load_repository
 from service.settings import Settings
 from tests.service.conftest import MODELS
 
@@ -101,3 +104,26 @@ def test_each_request_gets_its_own_answer_batched_or_not(batching):
         assert got.present.tolist() == alone.present.tolist()
     error = answers[-1]
     assert isinstance(error, InvalidInput) and error.sample == 0 and error.view is not None
+
+
+@pytest.mark.parametrize("batching", [True, False])
+def test_small_cpu_batches_run_on_the_event_loop_others_on_inference_threads(batching, monkeypatch):
+    """A small batch's heads and fusion hold the GIL nearly throughout, so they run on the event loop (a
+    thread would only add the GIL's hand-offs); a bigger one, or one whose heads run on a GPU (their runs
+    release the GIL), on an inference thread."""
+    on_event_loop = []
+
+    def spied(model, request):
+        on_event_loop.append(threading.current_thread() is threading.main_thread())
+        return predict(model, request)
+
+    predict = runtime.predict
+    monkeypatch.setattr(runtime, "predict", spied)
+    dataplane = plane(batching=batching)
+    model = dataplane.model(None)
+    on_gpu = dataclasses.replace(model, providers=dict.fromkeys(model.providers, CUDA))
+    largest_inline = INLINE_PREDICT_FEATURES // model.features_per_sample
+    cases = [(model, 1), (model, largest_inline), (model, largest_inline + 1), (on_gpu, 1)]
+    for served, n in cases:
+        assert len(asyncio.run(dataplane.infer(served, request(n)))) == n
+    assert on_event_loop == [True, True, False, False]
