@@ -4,7 +4,7 @@ list, reasons from the error types; nothing per request."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -161,28 +161,34 @@ def children(model: str, method: str, views: list[str]) -> ModelChildren:
     return _children(model, method, tuple(views))
 
 
-# Up to this many values, observe() one by one beats the bulk path's numpy calls (single-sample requests).
-_OBSERVE_ONE_BY_ONE = 4
-
-
-def observe_many(histogram: Histogram, values: np.ndarray) -> None:
-    """``histogram.observe(x)`` for every x in ``values``, with one update per bucket.
+def observe_many(histograms: Sequence[Histogram], values: Sequence[np.ndarray]) -> None:
+    """``histogram.observe(x)`` for every x of its ``values`` (a 1-D array), for each histogram, all in one
+    numpy pass:
+    one update per bucket that gains any, and one of each sum. The histograms share their buckets.
 
     prometheus-client has no bulk observe; this does what ``Histogram.observe`` does (non-cumulative bucket
-    counts, cumulated at exposition, and the sum) through the same value objects, so it works in
-    multiprocess mode too. tests/service/test_metrics.py checks it against ``observe``.
+    counts, cumulated at exposition, and the sum; NaN counts in no bucket) through the same value objects,
+    so it works in multiprocess mode too. tests/service/test_metrics.py checks it against ``observe``. (One
+    pass for a prediction's ten histograms costs a third of ten passes, and less than ``observe`` one by one
+    even for one sample: it runs on the event loop for small batches.)
     """
-    values = np.asarray(values, dtype=np.float64).ravel()
-    if values.size <= _OBSERVE_ONE_BY_ONE:
-        for value in values.tolist():
-            histogram.observe(value)
-        return
-    bounds = np.asarray(histogram._upper_bounds)
-    counts = np.bincount(np.searchsorted(bounds, values, side="left"), minlength=len(bounds))
-    histogram._sum.inc(float(values.sum()))
-    for bucket, count in zip(histogram._buckets, counts.tolist(), strict=False):
-        if count:
-            bucket.inc(count)
+    bounds = np.asarray(histograms[0]._upper_bounds)
+    width = bounds.size + 1  # the last: NaN, which observe() counts in no bucket
+    sizes = [v.size for v in values]
+    flat = np.concatenate(values, dtype=np.float64)
+    owner = np.repeat(np.arange(len(histograms)), sizes)
+    slots = np.bincount(
+        np.searchsorted(bounds, flat, side="left") + owner * width, minlength=len(histograms) * width
+    )
+    sums = np.bincount(owner, weights=flat, minlength=len(histograms)).tolist()
+    for histogram, size, total in zip(histograms, sizes, sums, strict=True):
+        if size:
+            histogram._sum.inc(total)
+    filled = np.flatnonzero(slots)
+    for slot, count in zip(filled.tolist(), slots[filled].tolist(), strict=True):
+        h, bucket = divmod(slot, width)
+        if bucket < len(bounds):
+            histograms[h]._buckets[bucket].inc(count)
 
 
 def exposition() -> bytes:

@@ -85,17 +85,19 @@ def _record(model, request, fused, max_conflict, flagged, blame, confidence, set
         model.manifest.name, request.method, [view.name for view in model.manifest.views]
     )
     children.predictions.inc(len(flagged))
-    metrics.observe_many(children.uncertainty, fused.uncertainty)
-    metrics.observe_many(children.max_conflict, max_conflict)
+    # The histograms of values in [0, 1] (one set of buckets) in one pass.
+    unit, values = [children.uncertainty, children.max_conflict], [fused.uncertainty, max_conflict]
     for v, view_children in enumerate(children.views):
-        discount = fused.discount[:, v] if complete else fused.discount[request.present[:, v], v]
-        metrics.observe_many(view_children.discount, discount)
+        unit.append(view_children.discount)
+        values.append(fused.discount[:, v] if complete else fused.discount[request.present[:, v], v])
+    if model.calibration is not None:
+        unit.append(children.confidence)
+        values.append(confidence)
+        metrics.observe_many([children.set_size], [sets.sum(-1)])
+    metrics.observe_many(unit, values)
     if flagged.any():
         blamed = np.bincount(blame[flagged], minlength=len(children.views)).tolist()
         children.high_conflict.inc(sum(blamed))
         for view_children, count in zip(children.views, blamed, strict=True):
             if count:
                 view_children.flagged.inc(count)
-    if model.calibration is not None:
-        metrics.observe_many(children.confidence, confidence)
-        metrics.observe_many(children.set_size, sets.sum(-1))
