@@ -8,6 +8,12 @@ p50/p99 latency and the ratio to the yardstick (medians of alternated runs: shar
 asserts nothing.
 
     python -m benchmarks.service [--seconds 10] [--cases single,batch256,...] [--sweep 1,16,256,1024]
+    python -m benchmarks.service --paired 12 --seconds 3 [--against ../old-checkout] --cases single
+
+``--paired N`` keeps both servers up and loads them in N pairs of alternating short runs, so that a noisy
+neighbour's drift hits both sides of each pair alike; the ratio is the median of the pairs' ratios, with
+their quartiles. ``--against DIR`` compares with the service of another checkout (a release before, say)
+instead of the yardstick.
 
 ``v2-json*`` cases send the same samples as Open Inference Protocol JSON tensors (as fast per sample as v1
 JSON is the goal); :mod:`benchmarks.peers` compares that path with MLServer's.
@@ -96,7 +102,13 @@ def main() -> None:
     parser.add_argument(
         "--sweep", default="", help="batch sizes for binary v2 requests at concurrency 4 (e.g. 1,16,256,1024)"
     )
+    parser.add_argument("--paired", type=int, default=0, help="pairs of alternating runs, both servers up")
+    parser.add_argument(
+        "--against", type=Path, help="with --paired: another checkout's service, not the yardstick"
+    )
     args = parser.parse_args()
+    if args.against and not args.paired:
+        parser.error("--against needs --paired")
     for size in filter(None, args.sweep.split(",")):
         CASES[f"v2-sweep{size}"] = Case(
             f"v2-sweep{size}", int(size), 4, "/v2/models/{model}/infer", binary=True
@@ -106,11 +118,18 @@ def main() -> None:
         sys.exit("wrk not found: apt-get install wrk")
     manifest = Manifest.model_validate_json((args.model_dir / "manifest.json").read_text())
     cases = [CASES[name] for name in args.cases.split(",")]
-    print(
-        f"# service benchmark: model {manifest.name}, wrk, one uvicorn worker; per case the median of "
-        f"{args.repeat} runs of {args.seconds} s, yardstick and service alternated"
-    )
-    print(f"# {os.cpu_count()} cores; ratio = service / yardstick (bare FastAPI + pydantic, constant answer)")
+    baseline = f"the service of {args.against}" if args.against else "yardstick (bare FastAPI + pydantic)"
+    if args.paired:
+        print(
+            f"# service benchmark: model {manifest.name}, wrk, one uvicorn worker each; both servers up, "
+            f"{args.paired} pairs of alternating {args.seconds} s runs; medians"
+        )
+    else:
+        print(
+            f"# service benchmark: model {manifest.name}, wrk, one uvicorn worker; per case the median of "
+            f"{args.repeat} runs of {args.seconds} s, yardstick and service alternated"
+        )
+    print(f"# {os.cpu_count()} cores; ratio = service / {baseline}")
     header = f"{'case':<20}{'samples':>8}{'conc':>5} {'server':<10}{'req/s':>9}{'samples/s':>11}"
     print(header + f"{'p50 ms':>9}{'p99 ms':>9}{'ratio':>7}  notes")
     with tempfile.TemporaryDirectory() as tmp:
@@ -127,6 +146,9 @@ def main() -> None:
             elif case.v2_json:
                 body = Path(tmp) / f"{case.name}.v2.json"
                 body.write_bytes(v2_json_body(manifest, case.samples))
+            if args.paired:
+                paired(case, manifest, args, json_path, body, headers, script)
+                continue
             yardstick_runs, service_runs, provider = [], [], ""
             for _ in range(args.repeat):  # alternated, so that a noisy neighbour hits both alike
                 if not args.no_yardstick:  # the same samples as JSON: the yardstick has no binary path
@@ -146,6 +168,47 @@ def main() -> None:
             print_row(case, "service", median(service_runs), baseline, provider)
 
 
+def paired(case: Case, manifest: Manifest, args, json_path: Path, body: Path, headers, script: Path) -> None:
+    """Both servers up; ``args.paired`` pairs of runs, which goes first alternating; the ratio printed is the
+    median of the pairs' ratios (their quartiles in the notes)."""
+    path = case.path.format(model=manifest.name)
+    service = Server(["service", "--model-dir", str(args.model_dir)], dict(case.server_env))
+    if args.against:
+        checkout = args.against.resolve()
+        other = Server(
+            ["service", "--model-dir", str(checkout / _inside_checkout(args.model_dir))],
+            dict(case.server_env),
+            cwd=checkout,
+        )
+        other_url, other_body, other_headers = path, body, headers
+    else:  # the same samples as JSON: the yardstick has no binary path
+        other = Server(["uvicorn", "benchmarks.yardstick:app"], {})
+        other_url, other_body, other_headers = "/predict", json_path, {"Content-Type": "application/json"}
+    runs: dict[str, list[Load]] = {"other": [], "service": []}
+    with service as service_root, other as other_root:
+        targets = {
+            "service": (service_root + path, body, headers),
+            "other": (other_root + other_url, other_body, other_headers),
+        }
+        for i in range(args.paired):
+            for side in ("service", "other") if i % 2 else ("other", "service"):
+                url, sent, sent_headers = targets[side]
+                runs[side].append(wrk_load(url, sent, sent_headers, case, args.seconds, script))
+    ratios = [
+        s.requests_per_s / o.requests_per_s for s, o in zip(runs["service"], runs["other"], strict=True)
+    ]
+    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    print_row(case, "against" if args.against else "yardstick", median(runs["other"]), None, "")
+    notes = f"paired ratio quartiles {quartiles[0]:.2f}-{quartiles[2]:.2f}"
+    print_row(case, "service", median(runs["service"]), None, notes, ratio=statistics.median(ratios))
+
+
+def _inside_checkout(model_dir: Path) -> Path:
+    """``model_dir`` as a path within a checkout (the same model in the other checkout)."""
+    resolved = model_dir.resolve()
+    return resolved.relative_to(ROOT) if resolved.is_relative_to(ROOT) else resolved
+
+
 def median(runs: list[Load]) -> Load:
     """Per field, the median over the runs (socket errors and non-2xx answers: the sum)."""
     return Load(
@@ -157,13 +220,18 @@ def median(runs: list[Load]) -> Load:
     )
 
 
-def print_row(case: Case, server: str, load: Load, baseline: Load | None, notes: str) -> None:
-    ratio = f"{load.requests_per_s / baseline.requests_per_s:7.2f}" if baseline else f"{'':>7}"
+def print_row(
+    case: Case, server: str, load: Load, baseline: Load | None, notes: str, *, ratio: float | None = None
+) -> None:
+    """One row; the ratio is to ``baseline``'s throughput, or ``ratio`` as given."""
+    if baseline:
+        ratio = load.requests_per_s / baseline.requests_per_s
+    shown = f"{ratio:7.2f}" if ratio is not None else f"{'':>7}"
     if load.non_2xx or load.errors:
         notes += f" non-2xx {load.non_2xx} {load.errors}".rstrip()
     print(
         f"{case.name:<20}{case.samples:>8}{case.concurrency:>5} {server:<10}{load.requests_per_s:>9.1f}"
-        f"{load.requests_per_s * case.samples:>11.0f}{load.p50_ms:>9.2f}{load.p99_ms:>9.2f}{ratio}  {notes}",
+        f"{load.requests_per_s * case.samples:>11.0f}{load.p50_ms:>9.2f}{load.p99_ms:>9.2f}{shown}  {notes}",
         flush=True,
     )
 
@@ -209,6 +277,7 @@ class Server:
         *,
         argv: Callable[[int], list[str]] | None = None,
         ready_path: str = "/docs",
+        cwd: Path = ROOT,
     ) -> None:
         from tests.service.conftest import free_port
 
@@ -230,10 +299,11 @@ class Server:
             self.command += ["--log-level", "warning"]
         self.env = {**os.environ, **env}
         self.ready_path = ready_path
+        self.cwd = cwd  # the checkout whose code runs (python -m imports from it)
 
     def __enter__(self) -> str:
         # A session of its own: stopping it stops the worker processes it starts too (MLServer's pool).
-        self.proc = subprocess.Popen(self.command, env=self.env, cwd=ROOT, start_new_session=True)
+        self.proc = subprocess.Popen(self.command, env=self.env, cwd=self.cwd, start_new_session=True)
         url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
