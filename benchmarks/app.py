@@ -25,6 +25,7 @@ from benchmarks.service import json_body
 from benchmarks.yardstick import app as yardstick
 from manifest import Manifest
 from service.app import create_app
+from service.server import guarded
 from service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,23 +44,24 @@ def main() -> None:
     args = parser.parse_args()
     manifest = Manifest.model_validate_json((args.model_dir / "manifest.json").read_text())
     body = json_body(manifest, args.samples)
-    service = create_app(Settings(model_dir=args.model_dir, log_level="warning"))
+    app = create_app(Settings(model_dir=args.model_dir, log_level="warning"))
     try:  # the event loop uvicorn runs the service on, where installed
         import uvloop
     except ImportError:
-        asyncio.run(_compare(service, body, args))
+        asyncio.run(_compare(app, body, args))
     else:
-        uvloop.run(_compare(service, body, args))
+        uvloop.run(_compare(app, body, args))
 
 
-async def _compare(service, body: bytes, args: argparse.Namespace) -> None:
-    async with service.router.lifespan_context(service):
+async def _compare(app, body: bytes, args: argparse.Namespace) -> None:
+    service = guarded(app)  # as the server runs it: inference routes answered directly
+    async with app.router.lifespan_context(app):
         runs: dict[str, list[tuple[float, float]]] = {"yardstick": [], "service": []}
-        for app in (yardstick, service):  # warm-up: caches, thread pools
-            await _load(app, body, args.concurrency, 50 * args.concurrency)
+        for served in (yardstick, service):  # warm-up: caches, thread pools
+            await _load(served, body, args.concurrency, 50 * args.concurrency)
         for _ in range(args.repeat):
-            for name, app in (("yardstick", yardstick), ("service", service)):
-                runs[name].append(await _load(app, body, args.concurrency, args.requests))
+            for name, served in (("yardstick", yardstick), ("service", service)):
+                runs[name].append(await _load(served, body, args.concurrency, args.requests))
         print(
             f"# app per request over ASGI, no HTTP: {args.samples} sample(s), concurrency "
             f"{args.concurrency}, median of {args.repeat} runs of {args.requests} requests"

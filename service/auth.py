@@ -37,6 +37,6 @@ async def require_api_key(
 
 async def check_api_key(request: Request) -> None:
     """:func:`require_api_key` for the routes that solve no dependencies
-    (:class:`service.api.routes.inference.DirectRoute`): the same header parsing, the same check."""
+    (:class:`service.api.direct.DirectRoute`): the same header parsing, the same check."""
     if request.app.state.settings.api_key is not None:
         await require_api_key(request, await _BEARER(request))

@@ -47,11 +47,14 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 import httptools
+from fastapi import FastAPI
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from service import metrics
+from service.api.direct import DirectRoutes
 from service.api.errors import error_response
+from service.api.routes import DIRECT
 from service.settings import Settings
 
 log = logging.getLogger("dbf.server")
@@ -401,15 +404,17 @@ def _declared_length(headers: list[tuple[bytes, bytes]]) -> int | None:
 
 def application() -> ConnectionAnswers:
     """uvicorn's factory: the app from ``DBF_*`` settings (:func:`service.app.app_from_environment`), as
-    :func:`guarded` serves it."""
+    :func:`guarded` makes it."""
     from service.app import app_from_environment
 
     return guarded(app_from_environment())
 
 
-def guarded(app: Any) -> ConnectionAnswers:
-    """A :func:`service.app.create_app` app wrapped in :class:`ConnectionAnswers`, as the server runs it."""
-    return ConnectionAnswers(app, max_body_bytes=app.state.settings.max_body_bytes)
+def guarded(app: FastAPI) -> ConnectionAnswers:
+    """A :func:`service.app.create_app` app as the server runs it: its inference routes answered directly
+    (:class:`~service.api.direct.DirectRoutes`), all of it wrapped in :class:`ConnectionAnswers`."""
+    direct = DirectRoutes(app, DIRECT)
+    return ConnectionAnswers(direct, max_body_bytes=app.state.settings.max_body_bytes)
 
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:

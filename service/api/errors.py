@@ -33,37 +33,37 @@ def error_response(
     return Response(body, status_code=status, headers=headers, media_type="application/json")
 
 
-def install(app: FastAPI) -> None:
-    """Map domain errors, request-validation errors and routing errors to the protocols' error formats."""
-
-    @app.exception_handler(ServiceError)
-    async def _domain(request: Request, error: ServiceError) -> Response:
-        return error_response(_path(request), error.status, error.type, error.message, error.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, error: RequestValidationError) -> Response:
+def answer(path: str, error: Exception) -> Response:
+    """The answer to ``error``, raised serving a request for ``path``: the one mapping from exceptions to
+    responses, for FastAPI's exception handlers (:func:`install`) and for the routes served ahead of them
+    (:class:`service.api.direct.DirectRoutes`)."""
+    if isinstance(error, ServiceError):
+        return error_response(path, error.status, error.type, error.message, error.headers)
+    if isinstance(error, RequestValidationError):
         first = error.errors()[0]
         where = ".".join(str(part) for part in first.get("loc", ()))
-        return error_response(_path(request), 400, "invalid_input", f"{where}: {first.get('msg', 'invalid')}")
-
-    @app.exception_handler(ClientDisconnect)
-    async def _gone(request: Request, error: ClientDisconnect) -> Response:
+        return error_response(path, 400, "invalid_input", f"{where}: {first.get('msg', 'invalid')}")
+    if isinstance(error, ClientDisconnect):
         # The client left before sending its whole body: nobody reads this answer (499, as nginx logs it),
         # but it is counted, and it is no bug of ours.
-        return error_response(
-            _path(request), 499, "client_disconnected", "client disconnected before sending the body"
-        )
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, error: Exception) -> Response:
-        # A bug, never an input's fault: log it once with its traceback, count it, answer in the one format.
-        log.exception("unexpected error")
-        return error_response(_path(request), 500, "internal_error", "internal error; see the service log")
-
-    @app.exception_handler(HTTPException)
-    async def _http(request: Request, error: HTTPException) -> Response:
+        return error_response(path, 499, "client_disconnected", "client disconnected before sending the body")
+    if isinstance(error, HTTPException):
         type_ = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "http_error")
-        return error_response(_path(request), error.status_code, type_, str(error.detail), error.headers)
+        return error_response(path, error.status_code, type_, str(error.detail), error.headers)
+    # A bug, never an input's fault: log it once with its traceback, count it, answer in the one format.
+    log.error("unexpected error", exc_info=error)
+    return error_response(path, 500, "internal_error", "internal error; see the service log")
+
+
+def install(app: FastAPI) -> None:
+    """Map domain errors, request-validation errors, routing errors and bugs to the protocols' error
+    formats (:func:`answer`)."""
+
+    async def handle(request: Request, error: Exception) -> Response:
+        return answer(_path(request), error)
+
+    for raised in (ServiceError, RequestValidationError, ClientDisconnect, HTTPException, Exception):
+        app.add_exception_handler(raised, handle)
 
 
 def _path(request: Request) -> str:

@@ -140,8 +140,8 @@ def read_answer(conn: socket.socket) -> bytes:
 
 
 def read_one(conn: socket.socket) -> bytes:
-    """One whole answer (head and a Content-Length body) off a connection that stays open; what came before
-    the server closed it, if it did."""
+    """One whole answer (head and a Content-Length body) off a connection that stays open, without the start
+    of an answer to a request pipelined after it; what came before the server closed it, if it did."""
     answer = b""
     while b"\r\n\r\n" not in answer:
         chunk = conn.recv(65536)
@@ -150,11 +150,11 @@ def read_one(conn: socket.socket) -> bytes:
         answer += chunk
     head, _, body = answer.partition(b"\r\n\r\n")
     length = next(
-        (int(f.split(b":")[1]) for f in head.lower().split(b"\r\n") if f.startswith(b"content-length:")), 0
+        (int(f.split(b":")[1]) for f in head.lower().split(b"\r\n") if f.startswith(b"content-length:")), None
     )
-    while len(body) < length and (chunk := conn.recv(65536)):
+    while length is not None and len(body) < length and (chunk := conn.recv(65536)):
         body += chunk
-    return head + b"\r\n\r\n" + body
+    return head + b"\r\n\r\n" + body[:length]
 
 
 def get(url: str, path: str) -> bytes:

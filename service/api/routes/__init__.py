@@ -3,6 +3,8 @@
 
 from service.api.routes import admin, inference, models, open_inference, probes
 
-# Predict first: routes are matched in order, and it carries the load.
-PROTECTED = (inference.router, open_inference.inference, open_inference.router, models.router, admin.router)
+# The inference routes, served ahead of FastAPI's stack (service.api.direct), and first among the app's
+# routes too, so that the app would choose the same route for a request.
+DIRECT = (inference.router, open_inference.inference)
+PROTECTED = (*DIRECT, open_inference.router, models.router, admin.router)
 OPEN = (probes.router, probes.open_inference)

@@ -4,42 +4,19 @@ Open Inference Protocol's are in :mod:`service.api.routes.open_inference`."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from fastapi.routing import APIRoute
 
 from service import v1
 from service.api.body import Received
+from service.api.direct import DirectRoute
 from service.api.openapi import documented, ok, ref
-from service.auth import check_api_key
 from service.dataplane import INLINE_ANSWER_VALUES, INLINE_BODY_BYTES, DataPlane
 from service.errors import InvalidInput
 from service.inference import InferenceRequest, ModelSignature, Result
-
-
-class DirectRoute(APIRoute):
-    """An inference route: its endpoint takes the request (and the path parameters, as strings) and returns
-    the :class:`Response` itself, so FastAPI has nothing to solve, validate or serialize. It still documents
-    the route from its declaration; the handler calls the endpoint directly and checks the API key itself
-    (:func:`service.auth.check_api_key`: the router's dependencies are not solved). FastAPI's handler cost
-    about 60 us a request here, a sixth of what a one-sample predict costs the event loop
-    (``python -m benchmarks.app``).
-
-    This is FastAPI's documented extension point (a custom ``APIRoute`` overriding ``get_route_handler``).
-    """
-
-    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
-        endpoint = self.endpoint
-
-        async def handle(request: Request) -> Response:
-            await check_api_key(request)
-            return await endpoint(request=request, **request.path_params)
-
-        return handle
-
 
 router = APIRouter(tags=["inference"], route_class=DirectRoute)
 

@@ -10,8 +10,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from service import v2
+from service.api.direct import DirectRoute
 from service.api.openapi import documented, ok, ref
-from service.api.routes.inference import DirectRoute, serve
+from service.api.routes.inference import serve
 from service.dataplane import DataPlane
 
 TAGS = ["open inference protocol (v2)"]
