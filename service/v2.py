@@ -76,52 +76,8 @@ def decode(
     request, flat = fast if fast is not None else (_request(header), {})
     method, lam, coverage = _options(request.parameters, signature)
     views, index = signature.views, signature.view_index
-    arrays: dict[str, np.ndarray] = {}
-    offset, n = 0, None
-    for i, tensor in enumerate(request.inputs):
-        where = f"inputs[{i}] ({tensor.name})"
-        if tensor.name not in index:
-            raise InvalidInput(f"{where}: unknown input; this model takes {list(index)}")
-        if tensor.name in arrays:
-            raise InvalidInput(f"{where}: given twice")
-        dim = views[index[tensor.name]].dim
-        if tensor.datatype != "FP32":
-            raise InvalidInput(f"{where}: datatype must be FP32, got {tensor.datatype!r}")
-        if len(tensor.shape) != 2 or tensor.shape[1] != dim or tensor.shape[0] < 1:
-            raise InvalidInput(f"{where}: shape must be [N, {dim}] with N >= 1, got {tensor.shape}")
-        rows = tensor.shape[0]
-        if rows > max_samples:
-            raise PayloadTooLarge(f"{rows} samples in one request; at most {max_samples} are accepted")
-        if n is not None and rows != n:
-            raise InvalidInput(f"{where}: {rows} rows where the inputs before have {n}")
-        n = rows
-        size = tensor.parameters.get("binary_data_size")
-        if size is not None:
-            if type(size) is not int or size != rows * dim * 4:
-                raise InvalidInput(
-                    f"{where}: binary_data_size must be {rows * dim * 4} bytes for {tensor.shape} FP32"
-                )
-            if offset + size > len(binary):
-                raise InvalidInput(
-                    f"{where}: binary data ends after {len(binary) - offset} of its {size} bytes"
-                )
-            array = np.frombuffer(binary, dtype="<f4", count=rows * dim, offset=offset).reshape(rows, dim)
-            offset += size
-        elif i in flat:
-            if flat[i].size != rows * dim:
-                raise InvalidInput(_malformed(rows * dim, where))
-            with np.errstate(over="ignore"):  # beyond float32: infinity, refused as not finite
-                array = flat[i].astype(np.float32).reshape(rows, dim)
-        elif tensor.data is msgspec.UNSET:
-            raise InvalidInput(f"{where}: no data and no binary_data_size")
-        else:
-            array = _json_data(tensor.data, rows, dim, where)
-        if not np.isfinite(array).all():
-            row = int(np.argwhere(~np.isfinite(array))[0][0])
-            raise InvalidInput(f"{where}: row {row} has a value that is not a finite float32")
-        arrays[tensor.name] = array
-    if offset != len(binary):
-        raise InvalidInput(f"{len(binary) - offset} bytes of binary data after the last binary input")
+    with np.errstate(over="ignore"):  # values beyond float32 become infinity, refused as not finite
+        arrays, n = _arrays(request, flat, binary, signature, max_samples)
     if n is None:
         raise InvalidInput(f"no inputs: send at least one of {list(index)}")
     features = {view.name: arrays.get(view.name, np.empty((0, view.dim), np.float32)) for view in views}
@@ -260,31 +216,88 @@ def _plain_request(document: Any) -> tuple[dict[str, Any], dict[int, np.ndarray]
     return request, flat
 
 
+def _arrays(
+    request: InferRequest,
+    flat: dict[int, np.ndarray],
+    binary: bytes,
+    signature: ModelSignature,
+    max_samples: int,
+) -> tuple[dict[str, np.ndarray], int | None]:
+    """Each input's ``(N, dim)`` float32 array (from binary data, ``flat``'s numbers read by the fast reader,
+    or its JSON ``data``), checked against the model's views; and N (None: no inputs)."""
+    views, index = signature.views, signature.view_index
+    arrays: dict[str, np.ndarray] = {}
+    offset, n = 0, None
+    for i, tensor in enumerate(request.inputs):
+        where = f"inputs[{i}] ({tensor.name})"
+        if tensor.name not in index:
+            raise InvalidInput(f"{where}: unknown input; this model takes {list(index)}")
+        if tensor.name in arrays:
+            raise InvalidInput(f"{where}: given twice")
+        dim = views[index[tensor.name]].dim
+        if tensor.datatype != "FP32":
+            raise InvalidInput(f"{where}: datatype must be FP32, got {tensor.datatype!r}")
+        if len(tensor.shape) != 2 or tensor.shape[1] != dim or tensor.shape[0] < 1:
+            raise InvalidInput(f"{where}: shape must be [N, {dim}] with N >= 1, got {tensor.shape}")
+        rows = tensor.shape[0]
+        if rows > max_samples:
+            raise PayloadTooLarge(f"{rows} samples in one request; at most {max_samples} are accepted")
+        if n is not None and rows != n:
+            raise InvalidInput(f"{where}: {rows} rows where the inputs before have {n}")
+        n = rows
+        size = tensor.parameters.get("binary_data_size")
+        if size is not None:
+            if type(size) is not int or size != rows * dim * 4:
+                raise InvalidInput(
+                    f"{where}: binary_data_size must be {rows * dim * 4} bytes for {tensor.shape} FP32"
+                )
+            if offset + size > len(binary):
+                raise InvalidInput(
+                    f"{where}: binary data ends after {len(binary) - offset} of its {size} bytes"
+                )
+            array = np.frombuffer(binary, dtype="<f4", count=rows * dim, offset=offset).reshape(rows, dim)
+            offset += size
+        elif i in flat:
+            if flat[i].size != rows * dim:
+                raise InvalidInput(_malformed(rows * dim, where))
+            array = flat[i].astype(np.float32).reshape(rows, dim)
+        elif tensor.data is msgspec.UNSET:
+            raise InvalidInput(f"{where}: no data and no binary_data_size")
+        else:
+            array = _json_data(tensor.data, rows, dim, where)
+        if not np.isfinite(array).all():
+            row = int(np.argwhere(~np.isfinite(array))[0][0])
+            raise InvalidInput(f"{where}: row {row} has a value that is not a finite float32")
+        arrays[tensor.name] = array
+    if offset != len(binary):
+        raise InvalidInput(f"{len(binary) - offset} bytes of binary data after the last binary input")
+    return arrays, n
+
+
 def _malformed(count: int, where: str) -> str:
     return f"{where}: data must be {count} numbers, flat or nested as the shape"
 
 
 def _json_data(raw: msgspec.Raw, rows: int, dim: int, where: str) -> np.ndarray:
     """A JSON tensor's ``data``: ``rows * dim`` numbers, flat or nested as the shape (booleans, strings and
-    numbers beyond float64 are refused, where numpy would convert them)."""
-    malformed = InvalidInput(_malformed(rows * dim, where))
+    numbers beyond float64 are refused, where numpy would convert them). Numbers beyond float32 become
+    infinity: the caller ignores numpy's overflow warnings, and refuses them as not finite."""
     try:
         values: list = _FLAT.decode(raw)
     except msgspec.ValidationError:
         try:
             nested = _NESTED.decode(raw)
         except (msgspec.ValidationError, RecursionError):
-            raise malformed from None
+            raise InvalidInput(_malformed(rows * dim, where)) from None
         if len(nested) != rows or any(len(row) != dim for row in nested):
-            raise malformed from None
-        with np.errstate(over="ignore"):  # beyond float32: infinity, refused as not finite
-            return np.array(nested, dtype=np.float32)
+            raise InvalidInput(_malformed(rows * dim, where)) from None
+        return np.array(nested, dtype=np.float32)
     except RecursionError:
-        raise malformed from None
+        raise InvalidInput(_malformed(rows * dim, where)) from None
     if len(values) != rows * dim:
-        raise malformed
-    with np.errstate(over="ignore"):  # fromiter: 15-20% faster than np.array on a flat list
-        return np.fromiter(values, np.float32, count=rows * dim).reshape(rows, dim)
+        raise InvalidInput(_malformed(rows * dim, where))
+    # fromiter: 15-20% faster than np.array on a flat list
+    return np.fromiter(values, np.float32, count=rows * dim).reshape(rows, dim)
 
 
 def _offered(signature: ModelSignature) -> dict[str, Output]:
