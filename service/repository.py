@@ -74,7 +74,7 @@ class LoadedModel:
     @cached_property
     def features_per_sample(self) -> int:
         """Feature values in one complete sample (every view's)."""
-        return sum(view.dim for view in self.manifest.views)
+        return int(self.signature.view_dims.sum())
 
     @cached_property
     def values_per_sample(self) -> int:
