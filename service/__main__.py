@@ -15,7 +15,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from service.repository import ModelLoadError, load_repository
-from service.server import uvicorn_options
+from service.server import supervise, uvicorn_options
 from service.settings import Settings
 
 
@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     # These make that a clean exit 0, which is what docker stop and Kubernetes expect of a deliberate stop.
     for stop in (signal.SIGTERM, signal.SIGINT):
         signal.signal(stop, _exit_cleanly)
-    uvicorn.run(
-        "service.server:application",
+    options = dict(
+        app="service.server:application",
         factory=True,
         host=args.host,
         port=args.port,
@@ -75,6 +75,10 @@ def main(argv: list[str] | None = None) -> None:
         timeout_graceful_shutdown=defaults.graceful_shutdown_seconds,
         **uvicorn_options(defaults),  # connection-level limits: header size, timeouts, connection cap
     )
+    if args.workers > 1:
+        supervise(uvicorn.Config(**options))  # uvicorn's supervisor; it also forgets dead workers' gauges
+    else:
+        uvicorn.run(**options)
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:

@@ -7,6 +7,7 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
@@ -58,21 +59,22 @@ CONNECTIONS_SHED = Counter(
     "receiving its body, or new (refused: every other connection was being answered).",
     ["state"],
 )
-# Gauges say how worker processes combine (PROMETHEUS_MULTIPROC_DIR, set by `python -m service --workers N`).
+# Gauges say how worker processes combine (PROMETHEUS_MULTIPROC_DIR, set by `python -m service --workers N`):
+# all "live" ones, so that a worker that has ended is no longer counted (forget_processes).
 MODEL_INFO = Gauge(
     "dbf_model_info",
     "Loaded model heads (1) and the execution provider running each.",
     ["model", "view", "provider"],
-    multiprocess_mode="max",
+    multiprocess_mode="livemax",
 )
 FLAG_CLEAN_RATE = Gauge(
     "dbf_flag_clean_rate",
     "Share of clean samples the calibrated high-conflict flag raises (the manifest's target false-positive "
     "rate): the baseline that alert thresholds are multiples of.",
     ["model"],
-    multiprocess_mode="max",
+    multiprocess_mode="livemax",
 )
-BUILD = Gauge("dbf_build_info", "dbf-serve build information (1).", ["version"], multiprocess_mode="max")
+BUILD = Gauge("dbf_build_info", "dbf-serve build information (1).", ["version"], multiprocess_mode="livemax")
 
 
 def initialise(
@@ -189,6 +191,34 @@ def observe_many(histograms: Sequence[Histogram], values: Sequence[np.ndarray]) 
         h, bucket = divmod(slot, width)
         if bucket < len(bounds):
             histograms[h]._buckets[bucket].inc(count)
+
+
+def forget_processes(pids: Iterable[int]) -> None:
+    """Drop the live gauges of worker processes that have ended (prometheus-client's ``mark_process_dead``):
+    their files outlive them, and a killed worker's open connections would otherwise be counted for ever."""
+    if _multiprocess():
+        for pid in pids:
+            multiprocess.mark_process_dead(pid)
+
+
+def forget_gone_processes() -> None:
+    """:func:`forget_processes` for each process that left live gauges and no longer exists: a worker killed
+    before its supervisor noticed, or in an earlier run sharing the directory."""
+    if not _multiprocess():
+        return
+    shared = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    left = {name.stem.rpartition("_")[2] for name in shared.glob("gauge_live*_*.db")}  # gauge_livesum_<pid>
+    forget_processes(int(pid) for pid in left if pid.isdigit() and not _exists(int(pid)))
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: nothing sent, only whether the process is there
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # there, but another user's
+        pass
+    return True
 
 
 def exposition() -> bytes:

@@ -32,6 +32,9 @@ and :class:`ConnectionAnswers` (ASGI, around the app) two answers uvicorn gets w
   ``shutting_down`` in the service's error format, not uvicorn's text/plain 500.
 
 Refusals are in the one error format (:mod:`service.errors`) and counted in ``dbf_errors_total``.
+
+Several workers run under :class:`WorkerSupervisor`, uvicorn's supervisor, which also stops counting the
+live gauges of a worker that has ended (``dbf_open_connections``: a killed worker's connections).
 """
 
 from __future__ import annotations
@@ -48,8 +51,10 @@ from weakref import WeakKeyDictionary
 
 import httptools
 from fastapi import FastAPI
+from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
+from uvicorn.supervisors import Multiprocess
 
 from service import metrics
 from service.api.direct import DirectRoutes
@@ -407,6 +412,9 @@ def application() -> ConnectionAnswers:
     :func:`guarded` makes it."""
     from service.app import app_from_environment
 
+    # Live gauges of processes gone (a worker killed before its supervisor noticed, which this one may
+    # replace; or an earlier run's, in a PROMETHEUS_MULTIPROC_DIR of the operator's) are counted no longer.
+    metrics.forget_gone_processes()
     return guarded(app_from_environment())
 
 
@@ -415,6 +423,35 @@ def guarded(app: FastAPI) -> ConnectionAnswers:
     (:class:`~service.api.direct.DirectRoutes`), all of it wrapped in :class:`ConnectionAnswers`."""
     direct = DirectRoutes(app, DIRECT)
     return ConnectionAnswers(direct, max_body_bytes=app.state.settings.max_body_bytes)
+
+
+class WorkerSupervisor(Multiprocess):
+    """uvicorn's supervisor of worker processes (it replaces one that dies or hangs, and retires or replaces
+    them on SIGTTOU or SIGHUP), which also forgets the live gauges of each worker it has seen go: in
+    multiprocess mode a worker's metrics files outlive it (:func:`service.metrics.forget_processes`)."""
+
+    def __init__(self, config: Config, sockets: list[Any]) -> None:
+        super().__init__(config, sockets)
+        self.known: set[int | None] = set()  # the workers' process ids at the last look
+
+    def handle_signals(self) -> None:
+        super().handle_signals()
+        self._forget_departed()
+
+    def keep_subprocess_alive(self) -> None:
+        super().keep_subprocess_alive()
+        self._forget_departed()
+
+    def _forget_departed(self) -> None:
+        current = {process.pid for process in self.processes}
+        metrics.forget_processes(pid for pid in self.known - current if pid is not None)
+        self.known = current
+
+
+def supervise(config: Config) -> None:
+    """Run ``config.workers`` worker processes on one socket bound here, as ``uvicorn.run`` does, under
+    :class:`WorkerSupervisor`."""
+    WorkerSupervisor(config, sockets=[config.bind_socket()]).run()
 
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:

@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
+import os
 import resource
 import signal
 import socket
 import threading
 import time
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -227,6 +229,82 @@ def _metric_line(url: str, series: str) -> str:
     text = get(url, "/metrics").decode()
     [line] = [line for line in text.splitlines() if line.startswith(series + " ")]
     return line.split()[1]
+
+
+def worker_pids(service: Any) -> set[int]:
+    """The process ids of the service's uvicorn workers (its children but multiprocessing's resource tracker;
+    a worker that has died stays among them until the supervisor notices)."""
+    pids = set()
+    for children in Path(f"/proc/{service.pid}/task").glob("*/children"):
+        for pid in children.read_text().split():
+            try:
+                if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    pids.add(int(pid))
+            except FileNotFoundError:  # gone meanwhile
+                pass
+    return pids
+
+
+def served_connection(url: str) -> socket.socket:
+    """A new connection that has had one request answered, and stays open."""
+    conn = socket.create_connection(address(url), timeout=10)
+    conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert read_one(conn).startswith(b"HTTP/1.1 200 ")
+    return conn
+
+
+def holder(url: str, conn: socket.socket, pids: set[int]) -> int | None:
+    """Which of the processes ``pids`` holds the service's end of ``conn`` (Linux: from /proc)."""
+    ports = (address(url)[1], conn.getsockname()[1])  # the service's end: its port, and ours as the peer's
+    inode = next(
+        fields[9]
+        for fields in (line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:])
+        if (int(fields[1].rpartition(":")[2], 16), int(fields[2].rpartition(":")[2], 16)) == ports
+    )
+    for pid in pids:
+        for descriptor in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                if os.readlink(descriptor) == f"socket:[{inode}]":
+                    return pid
+            except FileNotFoundError:  # closed meanwhile
+                pass
+    return None
+
+
+def test_a_killed_workers_connections_are_no_longer_counted():
+    """Issue 29: after SIGKILL of one of two workers, dbf_open_connections still counted its connections
+    (prometheus-client's file of a dead process is still read). Once the supervisor has replaced it, the
+    live workers count theirs alone."""
+    env = {"DBF_IDLE_TIMEOUT_SECONDS": "300"}  # no connection closes on its own meanwhile
+    with (
+        service_process("--model-dir", HANDWRITTEN, "--workers", "2", env=env) as (url, service),
+        ExitStack() as sockets,
+    ):
+        workers = worker_pids(service)
+        held: dict[socket.socket, int | None] = {}  # each open connection: the worker holding it
+        deadline = time.monotonic() + 60
+        while len(set(held.values()) & workers) < 2:  # both workers up, and each holding some
+            assert time.monotonic() < deadline, "both workers did not take connections within 60 s"
+            conn = sockets.enter_context(served_connection(url))
+            held[conn] = holder(url, conn, workers)
+            time.sleep(0.05)
+        victim = next(iter(held.values()))
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while victim in worker_pids(service):  # until the supervisor has seen it go
+            assert time.monotonic() < deadline, "the supervisor did not notice the killed worker"
+            time.sleep(0.1)
+        while True:  # until its replacement is up: it has taken a connection
+            assert time.monotonic() < deadline, "the killed worker was not replaced within 60 s"
+            live = worker_pids(service)
+            conn = sockets.enter_context(served_connection(url))
+            held[conn] = holder(url, conn, live)
+            if held[conn] in live - workers:
+                break
+            time.sleep(0.05)
+        still_open = [conn for conn, pid in held.items() if pid != victim]
+        assert len(still_open) < len(held)
+        assert open_connections(url) == len(still_open) + 1  # and the one asking for /metrics
 
 
 def test_when_every_connection_is_receiving_a_body_a_probe_takes_the_stalest_place():
