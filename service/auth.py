@@ -4,6 +4,7 @@
 nothing a caller could use (protect /metrics at the network level if that matters to you). The app
 attaches the check only when a key is set (:func:`service.app.create_app`): without one there is nothing
 to check, nor a dependency to solve on every request, and the OpenAPI schema asks for no token.
+A protected route checks the key first, before it says which methods it takes (:class:`ProtectedRoute`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ import hmac
 from typing import Annotated
 
 from fastapi import Request, Security
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.routing import Match
+from starlette.types import Receive, Scope, Send
 
 from service.errors import Unauthorized
 
@@ -40,3 +44,32 @@ async def check_api_key(request: Request) -> None:
     (:class:`service.api.direct.DirectRoute`): the same header parsing, the same check."""
     if request.app.state.settings.api_key is not None:
         await require_api_key(request, await _BEARER(request))
+
+
+class ProtectedRoute(APIRoute):
+    """A route behind ``DBF_API_KEY`` (the routers of :data:`service.api.routes.PROTECTED` declare theirs
+    with it). A request for its path with a method it does not take gets 401 without the key, like any
+    other: only with the key a 405, whose ``Allow`` says what the route takes. A route that takes GET
+    answers HEAD too (its GET answer, whose body the server leaves out), as Starlette's routes do and
+    FastAPI's do not; the schema documents the GET alone. (With a method it takes, the key is checked by
+    the router's dependency, or by DirectRoute's handler.)
+    """
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        match, child_scope = super().matches(scope)
+        if match is Match.PARTIAL and self._head_of_get(scope):
+            return Match.FULL, child_scope
+        return match, child_scope
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._head_of_get(scope):
+            # Answered as a GET (its dependencies, the key's check among them, included); the server keeps
+            # its own scope, a HEAD's, and leaves the body out.
+            await super().handle({**scope, "method": "GET"}, receive, send)
+            return
+        if scope["method"] not in self.methods:  # a 405 to be: the key first
+            await check_api_key(Request(scope, receive))
+        await super().handle(scope, receive, send)
+
+    def _head_of_get(self, scope: Scope) -> bool:
+        return scope["method"] == "HEAD" and "GET" in self.methods

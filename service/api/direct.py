@@ -21,16 +21,15 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
-from fastapi.routing import APIRoute
 from starlette.routing import Match
 
 from service.api.errors import answer
-from service.auth import check_api_key
+from service.auth import ProtectedRoute, check_api_key
 
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-class DirectRoute(APIRoute):
+class DirectRoute(ProtectedRoute):
     """An inference route: its endpoint takes the request (and the path parameters, as strings) and returns
     the :class:`Response` itself. Its handler checks the API key (the router's dependencies are not solved)
     and calls the endpoint; :class:`DirectRoutes` calls that handler. (Should a request reach the route

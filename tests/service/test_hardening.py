@@ -72,6 +72,28 @@ def test_bearer_token_guards_predict_and_models_but_not_probes():
         assert "HTTPBearer" in schema["components"]["securitySchemes"]
 
 
+def test_the_key_is_checked_before_the_method():
+    """Issue 29: HEAD (or another method a route does not take) on a protected route answered 405, naming the
+    methods it takes, before the key was checked. Now 401 without the key; with it, a route that takes GET
+    answers HEAD as GET without the body, and the others 405."""
+    token = {"Authorization": "Bearer s3cret-token"}
+    gets = ("/v1/models", "/v1/models/handwritten", "/v2/models/handwritten", "/v2/models/handwritten/ready")
+    posts = ("/predict", "/v1/models/handwritten/predict", "/v2/models/handwritten/infer", "/v1/admin/reload")
+    with serving(Path(HANDWRITTEN), api_key="s3cret-token") as url:
+        for method, path in [*(("HEAD", p) for p in (*gets, *posts)), ("GET", "/predict")]:
+            refused = httpx.request(method, url + path)
+            assert (refused.status_code, refused.headers.get("www-authenticate")) == (401, "Bearer"), path
+            assert "allow" not in refused.headers
+        assert httpx.delete(url + "/v1/models").status_code == 401
+        for path in gets:
+            head, get = (httpx.request(method, url + path, headers=token) for method in ("HEAD", "GET"))
+            assert (head.status_code, head.content) == (200, b""), path
+            assert head.headers["content-type"] == get.headers["content-type"]
+        for path in posts:
+            answer = httpx.head(url + path, headers=token)
+            assert (answer.status_code, answer.headers["allow"]) == (405, "POST"), path
+
+
 def test_the_schema_asks_for_a_token_exactly_where_one_is_checked():
     open_schema = create_app(Settings(model_dir=Path(HANDWRITTEN))).openapi()
     assert "securitySchemes" not in open_schema["components"]  # no key: nothing to send, nothing checked

@@ -1,5 +1,6 @@
 """The routers, one module per resource. Protected ones sit behind ``DBF_API_KEY`` when the service has one
-(:func:`service.app.create_app` attaches :func:`service.auth.require_api_key`); probes stay open."""
+(:func:`service.app.create_app` attaches :func:`service.auth.require_api_key`; their routes are
+:class:`service.auth.ProtectedRoute`); probes stay open."""
 
 from service.api.routes import admin, inference, models, open_inference, probes
 

@@ -7,9 +7,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from service.api.openapi import documented, ok
+from service.auth import ProtectedRoute
 from service.reload import reload_repository
 
-router = APIRouter(prefix="/v1/admin", tags=["admin"])
+router = APIRouter(prefix="/v1/admin", tags=["admin"], route_class=ProtectedRoute)
 
 
 @router.post("/reload", **documented(ok("Reloaded"), 409))

@@ -7,10 +7,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from service.api.openapi import documented, ok
+from service.auth import ProtectedRoute
 from service.dataplane import DataPlane
 from service.repository import LoadedModel
 
-router = APIRouter(prefix="/v1/models", tags=["models"])
+router = APIRouter(prefix="/v1/models", tags=["models"], route_class=ProtectedRoute)
 
 
 @router.get("", **documented(ok("ModelListing"), 503))

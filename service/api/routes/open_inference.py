@@ -13,10 +13,11 @@ from service import v2
 from service.api.direct import DirectRoute
 from service.api.openapi import documented, ok, ref
 from service.api.routes.inference import serve
+from service.auth import ProtectedRoute
 from service.dataplane import DataPlane
 
 TAGS = ["open inference protocol (v2)"]
-router = APIRouter(prefix="/v2/models/{name}", tags=TAGS)
+router = APIRouter(prefix="/v2/models/{name}", tags=TAGS, route_class=ProtectedRoute)
 # Inference itself, served directly (DirectRoute), like v1's predict.
 inference = APIRouter(prefix="/v2/models/{name}", tags=TAGS, route_class=DirectRoute)
 
