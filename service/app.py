@@ -45,7 +45,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             tasks.cancel_scope.cancel()
 
     # No slash redirects: a redirect would be built from the client's Host header, and no route needs one.
-    app = FastAPI(title="dbf-serve", version=_version(), lifespan=lifespan, redirect_slashes=False)
+    # The documentation is served by service.api.routes.docs, behind the API key when there is one.
+    app = FastAPI(
+        title="dbf-serve",
+        version=_version(),
+        lifespan=lifespan,
+        redirect_slashes=False,
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
+    )
     app.state.settings = settings
     app.state.dataplane = DataPlane(settings)
     app.state.reload_lock = anyio.Lock()

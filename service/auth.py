@@ -1,4 +1,6 @@
-"""Optional bearer-token authentication (``DBF_API_KEY``) for predict, model and admin endpoints.
+"""Optional bearer-token authentication (``DBF_API_KEY``) for predict, model and admin endpoints, and for
+the API's documentation (``/openapi.json``, ``/docs``, ``/redoc``: the schema shows the default model's views
+and their dimensions).
 
 ``/health``, ``/ready`` and ``/metrics`` stay open: probes and scrapers carry no secrets, and they reveal
 nothing a caller could use (protect /metrics at the network level if that matters to you). The app

@@ -68,8 +68,26 @@ def test_bearer_token_guards_predict_and_models_but_not_probes():
             assert httpx.get(url + open_path).status_code == 200
         metrics = httpx.get(url + "/metrics").text
         assert 'dbf_errors_total{reason="unauthorized"}' in metrics
-        schema = httpx.get(url + "/openapi.json").json()
+        schema = httpx.get(url + "/openapi.json", headers={"Authorization": "Bearer s3cret-token"}).json()
         assert "HTTPBearer" in schema["components"]["securitySchemes"]
+
+
+def test_with_a_key_the_documentation_needs_it_too():
+    """Issue 29: /openapi.json and /docs stayed open with DBF_API_KEY set, and the schema's predict example
+    shows the default model's views and their dimensions. Probes stay open."""
+    token = {"Authorization": "Bearer s3cret-token"}
+    with serving(Path(HANDWRITTEN), api_key="s3cret-token") as url:
+        for path in ("/openapi.json", "/docs", "/redoc"):
+            refused = httpx.get(url + path)
+            assert refused.status_code == 401, path
+            assert refused.headers["www-authenticate"] == "Bearer"
+            assert refused.json()["error"]["type"] == "unauthorized"
+            assert httpx.get(url + path, headers=token).status_code == 200, path
+        example = httpx.get(url + "/openapi.json", headers=token).json()["components"]["schemas"]
+        assert example["PredictRequest"]["example"]["samples"][0]["views"].keys() == HANDWRITTEN_DIMS.keys()
+        for open_path in ("/health", "/ready", "/metrics", "/v2", "/v2/health/live", "/v2/health/ready"):
+            assert httpx.get(url + open_path).status_code == 200, open_path
+            assert httpx.head(url + open_path).status_code == 200, open_path
 
 
 def test_the_key_is_checked_before_the_method():
@@ -80,7 +98,7 @@ def test_the_key_is_checked_before_the_method():
     gets = ("/v1/models", "/v1/models/handwritten", "/v2/models/handwritten", "/v2/models/handwritten/ready")
     posts = ("/predict", "/v1/models/handwritten/predict", "/v2/models/handwritten/infer", "/v1/admin/reload")
     with serving(Path(HANDWRITTEN), api_key="s3cret-token") as url:
-        for method, path in [*(("HEAD", p) for p in (*gets, *posts)), ("GET", "/predict")]:
+        for method, path in [*(("HEAD", p) for p in (*gets, *posts, "/docs")), ("GET", "/predict")]:
             refused = httpx.request(method, url + path)
             assert (refused.status_code, refused.headers.get("www-authenticate")) == (401, "Bearer"), path
             assert "allow" not in refused.headers
