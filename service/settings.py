@@ -51,10 +51,14 @@ class Settings(BaseSettings):
     batch_max_delay_ms: float = Field(default=0.0, ge=0, description="a batch's longest wait for more")
     # Hot reload: POST /v1/admin/reload, or a poll of the model directory every this many seconds (0: off).
     reload_poll_seconds: float = Field(default=0.0, ge=0)
-    # Bearer token for predict, model and admin endpoints; /health, /ready and /metrics stay open.
+    # Bearer token for predict, model and admin endpoints and the API's documentation (/openapi.json, /docs,
+    # /redoc); /health, /ready and /metrics stay open. Surrounding whitespace is stripped: a key from a file
+    # or a Kubernetes secret often ends in a line break, which no client sends (nor can a bearer token hold).
     # Set but empty (``DBF_API_KEY=``, or a secret that did not materialise) refuses to start: treating it
     # as unset would open the endpoints an operator meant to close, as a key would lock everyone out.
-    api_key: SecretStr | None = None
+    api_key: SecretStr | None = Field(
+        default=None, description="bearer token; surrounding whitespace (a trailing newline) is stripped"
+    )
     require_gpu: bool = Field(default=False, description="refuse to start unless CUDA really runs the heads")
     # Each view's onnxruntime session gets one thread and no spinning: the heads are small matrix products,
     # a batch runs its views one after another (in one inference thread, or on the event loop when small),
@@ -87,7 +91,10 @@ class Settings(BaseSettings):
 
     @field_validator("api_key")
     @classmethod
-    def _api_key_not_blank(cls, key: SecretStr | None) -> SecretStr | None:
-        if key is not None and not key.get_secret_value().strip():
+    def _api_key_stripped(cls, key: SecretStr | None) -> SecretStr | None:
+        if key is None:
+            return None
+        stripped = key.get_secret_value().strip()
+        if not stripped:
             raise ValueError("set but empty: give it a key, or unset it to leave the endpoints open")
-        return key
+        return SecretStr(stripped)

@@ -112,6 +112,16 @@ def test_the_key_is_checked_before_the_method():
             assert (answer.status_code, answer.headers["allow"]) == (405, "POST"), path
 
 
+@pytest.mark.parametrize("key", ["s3cret-token\n", " s3cret-token\r\n"], ids=["newline", "spaces"])
+def test_a_key_read_with_a_trailing_newline_is_the_key(key):
+    """Issue 29: a key from a Kubernetes secret made with ``echo`` ends in a line break, which no client
+    sends: the service started but refused every client. Surrounding whitespace is stripped."""
+    with running_service("--model-dir", HANDWRITTEN, env={"DBF_API_KEY": key}) as url:
+        assert httpx.get(url + "/v1/models").status_code == 401
+        answer = httpx.get(url + "/v1/models", headers={"Authorization": "Bearer s3cret-token"})
+        assert answer.status_code == 200
+
+
 def test_the_schema_asks_for_a_token_exactly_where_one_is_checked():
     open_schema = create_app(Settings(model_dir=Path(HANDWRITTEN))).openapi()
     assert "securitySchemes" not in open_schema["components"]  # no key: nothing to send, nothing checked
