@@ -19,6 +19,10 @@ connection:
   of idle, half-sent or slow-body sockets cannot shut anyone out, probes included: each new connection
   takes the place of the stalest one. Only when every connection is being answered is a new one refused;
 
+- **upgrades**: a request asking to Upgrade (to a websocket, h2c) or a CONNECT is answered as plain HTTP/1.1
+  and its connection then closed (the parser reads nothing after it; one with a body is refused, 400); a
+  head the parser refuses is answered in the service's words, never with the name of a failed callback;
+
 and :class:`ConnectionAnswers` (ASGI, around the app) two answers uvicorn gets wrong:
 
 - an answer refusing a body too large to read (413, or any answer to a declared body over
@@ -197,15 +201,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
+            pass  # it stops after an upgrade request, answered as plain HTTP (on_headers_complete)
         except httptools.HttpParserError as error:
-            if self.refusal is None:
-                self.logger.warning("Invalid HTTP request received.")
-                self.refusal = (400, "malformed_request", f"not a valid HTTP/1.1 request: {error}")
-            self._refuse(*self.refusal)
+            self._refuse(*(self.refusal or _malformed(error)))
             return
         if self.drain_left is not None:  # the rest of a body answered early: taken only within limits
             self.drain_left -= len(data)
@@ -243,9 +241,23 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             if refusal is not None:
                 self.refusal = refusal
                 raise _Refused
+        # An Upgrade request (to a websocket, h2c...) or a CONNECT: the service speaks HTTP/1.1 alone
+        # (uvicorn_options: no websockets) and answers it as a plain request, as RFC 9110 lets a server do.
+        # But the parser reads nothing after its head: a body would go unread (refused), and the
+        # connection closes after the answer.
+        upgrade = self.parser.should_upgrade()
+        if upgrade and _declared_length(self.headers) != 0:
+            self.refusal = (
+                400,
+                "malformed_request",
+                "a request asking to Upgrade cannot carry a body here: send it without the Upgrade header",
+            )
+            raise _Refused
         self._cancel_deadline()
         self.head_open = self.head_started = False
         super().on_headers_complete()
+        if upgrade:
+            self.cycle.keep_alive = False
         self.book.move(self, "receiving")
 
     def on_message_complete(self) -> None:
@@ -337,6 +349,21 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self.deadline is not None:
             self.deadline.cancel()
             self.deadline = None
+
+
+def _malformed(error: httptools.HttpParserError) -> tuple[int, str, str]:
+    """The answer to a head the parser refused: llhttp's diagnosis of the request (``Invalid header token``),
+    but never the name of a callback that failed. One failing on the request target (uvicorn parses it
+    then) is the request's fault; any other is a bug of the server's, logged with its traceback."""
+    if not isinstance(error, httptools.HttpParserCallbackError):
+        log.warning("invalid HTTP request received: %s", error)
+        return 400, "malformed_request", f"not a valid HTTP/1.1 request: {error}"
+    cause = error.__context__
+    if isinstance(cause, httptools.HttpParserInvalidURLError | UnicodeDecodeError):
+        log.warning("invalid request target received: %s", cause)
+        return 400, "malformed_request", "not a valid HTTP/1.1 request: invalid request target"
+    log.error("parsing a request head failed", exc_info=cause)
+    return 500, "internal_error", "internal error; see the service log"
 
 
 class ConnectionAnswers:
@@ -462,6 +489,7 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
     limits = ConnectionLimits.from_settings(settings, max_connections=fit_descriptor_limit(settings))
     return {
         "http": functools.partial(GuardedHttpProtocol, limits=limits),
+        "ws": "none",  # no websocket routes: an upgrade request is answered as plain HTTP
         "timeout_keep_alive": settings.idle_timeout_seconds,
     }
 

@@ -171,7 +171,9 @@ def _parse_strict(body: bytes, signature: ModelSignature, max_samples: int) -> I
         payload = json.loads(
             body, parse_constant=_reject_constant, parse_int=float, object_pairs_hook=_no_duplicates
         )
-    except (ValueError, RecursionError) as error:
+    except RecursionError:  # deeper than the decoder recurses (its message names its internals)
+        raise InvalidInput("body is not valid JSON: nested too deeply") from None
+    except ValueError as error:
         raise InvalidInput(f"body is not valid JSON: {error}") from None
     if not isinstance(payload, dict):
         raise InvalidInput("body must be a JSON object with a 'samples' list")

@@ -307,6 +307,45 @@ def test_a_killed_workers_connections_are_no_longer_counted():
         assert open_connections(url) == len(still_open) + 1  # and the one asking for /metrics
 
 
+def test_an_upgrade_request_is_answered_as_plain_http():
+    """Issue 29: GET /health asking to Upgrade to a websocket got 400 "... `on_message_complete` callback
+    error". The service speaks no other protocol: it answers such a request as plain HTTP and closes the
+    connection (its parser reads nothing after an upgrade request), refuses one with a body it could not
+    read, and never names its internals."""
+    upgrades = {
+        "websocket": b"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n",
+        "h2c": b"Upgrade: h2c\r\nConnection: Upgrade, HTTP2-Settings\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n",
+    }
+    body = json.dumps({"samples": random_samples(1)}).encode()
+    with running_service("--model-dir", HANDWRITTEN) as url:
+        for name, fields in upgrades.items():
+            for target, answered in ((b"GET /health", b'{"status":"ok"}'), (b"HEAD /health", b"")):
+                with socket.create_connection(address(url), timeout=10) as conn:
+                    conn.sendall(target + b" HTTP/1.1\r\nHost: x\r\n" + fields + b"\r\n")
+                    answer = read_answer(conn)  # all of it: the service closes the connection
+                head, _, content = answer.partition(b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 200 ") and b"connection: close" in head.lower(), name
+                assert content == answered, (name, answer)
+            with socket.create_connection(address(url), timeout=10) as conn:
+                conn.sendall(
+                    b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    + fields
+                    + b"Content-Length: %d\r\n\r\n" % len(body)
+                    + body
+                )
+                status, headers, error = error_of(read_answer(conn))
+            assert (status, error["type"], headers["connection"]) == (400, "malformed_request", "close"), name
+            assert "Upgrade" in error["message"]
+        with socket.create_connection(address(url), timeout=10) as conn:
+            conn.sendall(b"CONNECT example.org:443 HTTP/1.1\r\nHost: example.org:443\r\n\r\n")
+            status, _, error = error_of(read_answer(conn))
+        assert (status, error) == (
+            400,
+            {"type": "malformed_request", "message": "not a valid HTTP/1.1 request: invalid request target"},
+        )
+
+
 def test_when_every_connection_is_receiving_a_body_a_probe_takes_the_stalest_place():
     """DBF_MAX_CONNECTIONS sockets all uploading slowly: a probe still gets in, in the place of the upload
     that started first (closed), and the service never holds more than the cap."""

@@ -139,6 +139,22 @@ def test_the_schema_asks_for_a_token_exactly_where_one_is_checked():
         assert "security" not in paths[path]["get"], path
 
 
+def test_deep_json_is_refused_in_the_services_words():
+    """Issue 29: a body nested deeper than Python's decoder recurses got 400 "body is not valid JSON:
+    maximum recursion depth exceeded while decoding a JSON array from a unicode string" on /predict: the
+    decoder's words. Now the service's, as on /v2."""
+    headers = {"content-type": "application/json"}
+    with serving(Path(HANDWRITTEN)) as url:
+        for path, deep in (
+            ("/predict", b"[" * 100_000),
+            ("/predict", b'{"samples": ' + b"[" * 5000 + b"]" * 5000 + b"}"),
+            ("/v2/models/handwritten/infer", b'{"parameters": {"x": ' + b"[" * 5000 + b"]" * 5000 + b"}}"),
+        ):
+            answer = httpx.post(url + path, content=deep, headers=headers)
+            assert answer.status_code == 400
+            assert "nested too deeply" in answer.text and "recursion" not in answer.text, answer.text
+
+
 def test_overload_is_shed_at_once_with_retry_after():
     """One inference thread and at most 2 requests in flight: 24 concurrent big requests must get either an
     answer or a quick 503 with Retry-After, nothing else."""
