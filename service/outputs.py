@@ -11,7 +11,7 @@ msgspec only: the client imports this.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -23,6 +23,9 @@ from service.inference import ModelSignature, Result
 
 # Open Inference Protocol datatypes and the little-endian numpy dtypes of their binary form.
 DTYPES = {"FP32": np.dtype("<f4"), "INT64": np.dtype("<i8"), "BOOL": np.dtype("?")}
+# A big answer is rendered this many numbers at a time (:func:`slices`): a renderer's C calls hold the GIL,
+# and the event loop waits for it no longer than one slice takes.
+SLICE_VALUES = 64 * 1024
 
 
 class ViewOpinion(msgspec.Struct, frozen=True):
@@ -252,3 +255,17 @@ def answer_values(k: int, v: int) -> int:
     v2's tensors): what a sample costs to compute, encode and send. Every output counts, new ones too."""
     fields = sum(output.values(k, v) for output in FIELDS)
     return max(fields, sum(output.values(k, v) for output in TENSORS.values()))
+
+
+def slices(signature: ModelSignature, samples: int) -> list[tuple[int, int]]:
+    """Ranges of ``samples`` whose answers are rendered one after another, about ``SLICE_VALUES`` numbers
+    each (one range for a small answer)."""
+    step = max(1, SLICE_VALUES // answer_values(len(signature.classes), len(signature.views)))
+    return [(start, min(start + step, samples)) for start in range(0, samples, step)]
+
+
+def json_array(pieces: Iterable[bytes]) -> bytes:
+    """One JSON array of the items of the JSON arrays ``pieces`` (two or more, none empty: the renderings of
+    an answer's slices), in order, copied once: the first's bracket opens it, the last's closes it."""
+    views = [memoryview(piece) for piece in pieces]
+    return b",".join([views[0][:-1], *(view[1:-1] for view in views[1:-1]), views[-1][1:]])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import select
 import shutil
 import socket
 import time
@@ -22,6 +23,7 @@ from service import v2
 from tests.service.conftest import (
     MODELS,
     address,
+    get,
     probing,
     read_one,
     service_process,
@@ -376,3 +378,43 @@ def test_a_model_whose_one_sample_passes_the_bound_is_refused(tmp_path, wide):
         f"{manifest}: 250000 classes and 2 views make 1250014 numbers in one sample's answer; at most "
         "1048576 are answered (DBF_MAX_ANSWER_VALUES)" in done.stderr
     ), done.stderr[-2000:]
+
+
+def read_until_closed(conn: socket.socket) -> bytes:
+    answer = bytearray()
+    while chunk := conn.recv(1 << 20):
+        answer += chunk
+    return bytes(answer)
+
+
+def test_health_answers_while_a_big_answer_is_encoded(wide):
+    """A 256-sample answer of the wide model as JSON tensors (12.8 million numbers, 160 MB; allowed here)
+    is encoded in slices on a thread: /health is answered again and again after its heads have run and
+    before its answer starts (encoded in one go, the event loop waited for the GIL until it was done)."""
+    n = 256
+    body, headers = v2.encode_request(wide_features(n), binary_output=False)
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    request = f"POST /v2/models/wide/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{head}"
+    request += f"Content-Length: {len(body)}\r\n\r\n"
+    env = {"DBF_MAX_ANSWER_VALUES": str(64 << 20)}
+    with (
+        service_process("--model-dir", str(wide), env=env) as (url, _),
+        socket.create_connection(address(url), timeout=120) as big,
+    ):
+        big.sendall(request.encode() + body)
+        deadline = time.monotonic() + 120  # not a measure: a guard against waiting forever
+        while metric(url, "dbf_predictions_total", model="wide", method="dbf") < n:
+            assert time.monotonic() < deadline, "the heads did not run"
+            time.sleep(0.01)
+        answered = 0  # /health answers received after the heads ran, the big answer not begun
+        while answered < 3:
+            assert get(url, "/health").startswith(b"HTTP/1.1 200 ")
+            if select.select([big], [], [], 0)[0]:
+                break
+            answered += 1
+        answer = read_until_closed(big)
+    head, _, content = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), head
+    outputs = json.loads(content)["outputs"]
+    assert {o["name"]: o["shape"] for o in outputs}["view_belief"] == [n, 2, WIDE_CLASSES]
+    assert answered == 3, f"/health answered {answered} times before the answer began"
