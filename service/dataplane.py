@@ -17,7 +17,7 @@ import anyio
 from calibration import CoverageError, conformal_rank
 from service import metrics, runtime
 from service.batching import MicroBatcher
-from service.errors import InvalidInput, ModelNotFound, NotReady, Overloaded
+from service.errors import InvalidInput, ModelNotFound, NotReady, Overloaded, PayloadTooLarge
 from service.inference import InferenceRequest, Result
 from service.repository import LoadedModel, Repository
 from service.settings import Settings
@@ -126,6 +126,7 @@ class DataPlane:
     async def infer(self, model: LoadedModel, request: InferenceRequest) -> Result:
         """Heads, fusion, flag and calibration for ``request``: micro-batched with others when small, else
         alone, off the event loop either way."""
+        _check_answer(model, len(request), self.settings.max_answer_values)
         if request.coverage is not None:
             _check_coverage(model, request.coverage)
         metrics.BATCH_SIZE.labels(model.name).observe(len(request))
@@ -147,6 +148,17 @@ class DataPlane:
         if inline:
             return work(*args, **kwargs)
         return await anyio.to_thread.run_sync(partial(work, *args, **kwargs), limiter=self._codec_limiter)
+
+
+def _check_answer(model: LoadedModel, samples: int, limit: int) -> None:
+    """An answer of at most ``limit`` numbers, or a 413 that says how many samples fit, before any work."""
+    per_sample = model.values_per_sample
+    if samples * per_sample > limit:
+        raise PayloadTooLarge(
+            f"{samples} samples make an answer of {samples * per_sample} numbers ({per_sample} a sample of "
+            f"model {model.name!r}); at most {limit} are answered (DBF_MAX_ANSWER_VALUES): send at most "
+            f"{limit // per_sample} samples a request"
+        )
 
 
 def _check_coverage(model: LoadedModel, coverage: float) -> None:

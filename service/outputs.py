@@ -10,8 +10,10 @@ msgspec only: the client imports this.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import msgspec
@@ -21,6 +23,9 @@ from service.inference import ModelSignature, Result
 
 # Open Inference Protocol datatypes and the little-endian numpy dtypes of their binary form.
 DTYPES = {"FP32": np.dtype("<f4"), "INT64": np.dtype("<i8"), "BOOL": np.dtype("?")}
+# A big answer is rendered this many numbers at a time (:func:`slices`): a renderer's C calls hold the GIL,
+# and the event loop waits for it no longer than one slice takes.
+SLICE_VALUES = 64 * 1024
 
 
 class ViewOpinion(msgspec.Struct, frozen=True):
@@ -45,6 +50,8 @@ class Field:
 
     type: Any  # its JSON value's type, as a Python annotation (the schema and the client are built from it)
     column: Callable[[Result, ModelSignature], list]  # the field's value for every sample, in order
+    # Its numbers per sample, as a shape from K and V (at most), where the output has no tensor to say it.
+    shape: Callable[[int, int], tuple[int, ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,15 @@ class Output:
     tensor: Tensor | None = None
     field: Field | None = None
     calibrated: bool = False  # only a calibrated model gives it (v1: null otherwise; v2: not offered)
+
+    def __post_init__(self) -> None:
+        if self.tensor is None and (self.field is None or self.field.shape is None):
+            raise TypeError(f"output {self.name!r}: a field without a tensor needs its shape (answer_values)")
+
+    def values(self, k: int, v: int) -> int:
+        """Its numbers in one sample's answer, for K classes and V views."""
+        shape = self.tensor.shape if self.tensor is not None else self.field.shape
+        return math.prod(shape(k, v))
 
 
 def _scalar(k: int, v: int) -> tuple[int, ...]:
@@ -150,7 +166,7 @@ OUTPUTS: tuple[Output, ...] = (
         Tensor("INT64", _scalar, _as("label", "INT64")),
         Field(int, _column("label")),
     ),
-    Output("class_name", "predicted class name", field=Field(str, _class_names)),
+    Output("class_name", "predicted class name", field=Field(str, _class_names, _scalar)),
     Output(
         "probability",
         "projected probability of the fused opinion (belief plus a share of uncertainty)",
@@ -215,7 +231,7 @@ OUTPUTS: tuple[Output, ...] = (
     Output(
         "views",
         "each view sent: its own belief and uncertainty before fusion",
-        field=Field(dict[str, ViewOpinion], _view_opinions),
+        field=Field(dict[str, ViewOpinion], _view_opinions, lambda k, v: (v, k + 1)),
     ),
     Output(
         "view_belief",
@@ -231,3 +247,25 @@ OUTPUTS: tuple[Output, ...] = (
 
 TENSORS: dict[str, Output] = {output.name: output for output in OUTPUTS if output.tensor is not None}
 FIELDS: tuple[Output, ...] = tuple(output for output in OUTPUTS if output.field is not None)
+
+
+@cache
+def answer_values(k: int, v: int) -> int:
+    """Numbers in one sample's answer for K classes and V views, in the protocol that gives more (v1's fields,
+    v2's tensors): what a sample costs to compute, encode and send. Every output counts, new ones too."""
+    fields = sum(output.values(k, v) for output in FIELDS)
+    return max(fields, sum(output.values(k, v) for output in TENSORS.values()))
+
+
+def slices(signature: ModelSignature, samples: int) -> list[tuple[int, int]]:
+    """Ranges of ``samples`` whose answers are rendered one after another, about ``SLICE_VALUES`` numbers
+    each (one range for a small answer)."""
+    step = max(1, SLICE_VALUES // answer_values(len(signature.classes), len(signature.views)))
+    return [(start, min(start + step, samples)) for start in range(0, samples, step)]
+
+
+def json_array(pieces: Iterable[bytes]) -> bytes:
+    """One JSON array of the items of the JSON arrays ``pieces`` (two or more, none empty: the renderings of
+    an answer's slices), in order, copied once: the first's bracket opens it, the last's closes it."""
+    views = [memoryview(piece) for piece in pieces]
+    return b",".join([views[0][:-1], *(view[1:-1] for view in views[1:-1]), views[-1][1:]])

@@ -10,7 +10,6 @@ import contextlib
 import hashlib
 import io
 import logging
-import math
 import os
 import stat
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from calibration import ModelCalibration
 from fusion import METHODS
 from manifest import Manifest
 from service.inference import ModelSignature, ViewSpec
-from service.outputs import TENSORS
+from service.outputs import answer_values
 from service.settings import Settings
 
 log = logging.getLogger("dbf.repository")
@@ -78,9 +77,8 @@ class LoadedModel:
 
     @cached_property
     def values_per_sample(self) -> int:
-        """Numbers in one sample's answer (every output tensor's): what rendering an answer costs."""
-        k, v = len(self.manifest.classes), len(self.manifest.views)
-        return sum(math.prod(output.tensor.shape(k, v)) for output in TENSORS.values())
+        """Numbers in one sample's answer (:func:`service.outputs.answer_values`): what it costs."""
+        return answer_values(len(self.manifest.classes), len(self.manifest.views))
 
 
 @dataclass(frozen=True)
@@ -181,13 +179,7 @@ def load_repository(settings: Settings) -> Repository:
         )
     manifests = [(path, *read_manifest(path)) for path in paths]  # verify everything before loading anything
     for path, manifest, _ in manifests:
-        for view in manifest.views:
-            if view.dim > settings.max_view_dim:
-                # An absent view is sent to its head as zeros: rows x dim of them, per request.
-                raise ModelLoadError(
-                    f"{path}: view {view.name!r} has dim {view.dim}; at most {settings.max_view_dim} "
-                    "are served (DBF_MAX_VIEW_DIM)"
-                )
+        _check_size(path, manifest, settings)
     _, first_manifest, first_bytes = manifests[0]
     use_cuda = _cuda_usable(first_bytes[first_manifest.views[0].name])
     if settings.require_gpu and not use_cuda:
@@ -215,6 +207,25 @@ def load_repository(settings: Settings) -> Repository:
     if default != settings.default_model:
         log.warning("default model %r not found; serving %r as the default", settings.default_model, default)
     return Repository(models=models, default=default)
+
+
+def _check_size(path: Path, manifest: Manifest, settings: Settings) -> None:
+    """Refuse a model that no request could be served within the limits: a view wider than
+    ``DBF_MAX_VIEW_DIM``, or so many classes and views that one sample's answer passes
+    ``DBF_MAX_ANSWER_VALUES``."""
+    for view in manifest.views:
+        if view.dim > settings.max_view_dim:
+            # An absent view is sent to its head as zeros: rows x dim of them, per request.
+            raise ModelLoadError(
+                f"{path}: view {view.name!r} has dim {view.dim}; at most {settings.max_view_dim} "
+                "are served (DBF_MAX_VIEW_DIM)"
+            )
+    k, v = len(manifest.classes), len(manifest.views)
+    if answer_values(k, v) > settings.max_answer_values:
+        raise ModelLoadError(
+            f"{path}: {k} classes and {v} views make {answer_values(k, v)} numbers in one sample's answer; "
+            f"at most {settings.max_answer_values} are answered (DBF_MAX_ANSWER_VALUES)"
+        )
 
 
 def _calibration(path: Path, manifest: Manifest) -> ModelCalibration | None:

@@ -20,6 +20,13 @@ class Settings(BaseSettings):
     model_dir: Path = Path("models")
     default_model: str = "handwritten"
     max_samples: int = Field(default=1024, ge=1, description="samples per request; more is a 413")
+    # Numbers in one answer: samples x one sample's (its model's classes and views make them, by the output
+    # registry: service/outputs.py). Checked before any head runs, it bounds a request's memory and time
+    # however many classes a model has; a model whose one sample passes it is refused at load. The default
+    # takes DBF_MAX_SAMPLES samples of every committed model.
+    max_answer_values: int = Field(
+        default=1 << 20, ge=1, description="numbers in one answer; more is a 413 (a model of more is refused)"
+    )
     # A HandWritten sample takes ~13 KB as JSON: 8 MiB holds ~600 of them. Bigger batches travel as
     # binary tensors (/v2/models/{name}/infer: 1024 HandWritten samples in 2.7 MB).
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1, description="request body size; more is a 413")

@@ -23,7 +23,7 @@ import orjson
 from service import json_numbers
 from service.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
 from service.inference import InferenceRequest, ModelSignature, Result
-from service.outputs import FIELDS
+from service.outputs import FIELDS, json_array, slices
 from service.schemas import PredictRequest
 
 MEDIA_TYPE = "application/json"
@@ -54,10 +54,14 @@ def decode(
 
 def encode(signature: ModelSignature, result: Result) -> tuple[bytes, dict[str, str]]:
     """The JSON answer: per sample the fields of the output registry (views not sent are ``null`` in the
-    conflict matrix and absent from ``discount`` and ``views``)."""
-    # Each field's column at once (tolist is fast), then one dict per sample.
-    columns = [output.field.column(result, signature) for output in FIELDS]
-    predictions = [dict(zip(_FIELD_NAMES, values, strict=True)) for values in zip(*columns, strict=True)]
+    conflict matrix and absent from ``discount`` and ``views``); a big one rendered in slices of samples."""
+    ranges = slices(signature, len(result))
+    if len(ranges) == 1:
+        predictions: Any = _predictions(signature, result)
+    else:
+        predictions = orjson.Fragment(
+            json_array(orjson.dumps(_predictions(signature, result.rows(*rows))) for rows in ranges)
+        )
     answer = {
         "model": signature.name,
         "method": result.method,
@@ -67,6 +71,12 @@ def encode(signature: ModelSignature, result: Result) -> tuple[bytes, dict[str, 
         "predictions": predictions,
     }
     return orjson.dumps(answer), _JSON
+
+
+def _predictions(signature: ModelSignature, result: Result) -> list[dict[str, Any]]:
+    """One dict per sample of ``result``: each field's column at once (tolist is fast), then the rows."""
+    columns = [output.field.column(result, signature) for output in FIELDS]
+    return [dict(zip(_FIELD_NAMES, values, strict=True)) for values in zip(*columns, strict=True)]
 
 
 def locate(error: InvalidInput, signature: ModelSignature) -> InvalidInput:

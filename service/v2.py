@@ -30,7 +30,7 @@ import numpy as np
 
 from service.errors import InvalidInput, PayloadTooLarge
 from service.inference import InferenceRequest, ModelSignature, Result
-from service.outputs import DTYPES, TENSORS, Output
+from service.outputs import DTYPES, TENSORS, Output, json_array, slices
 from service.schemas import InferRequest
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -94,6 +94,7 @@ def encode(context: Context, result: Result) -> tuple[bytes, dict[str, str]]:
     import orjson  # the server's encoder (numpy arrays straight to JSON); clients never encode answers
 
     outputs, blobs = [], []
+    ranges = slices(context.signature, len(result))
     for name in context.outputs:
         array = TENSORS[name].tensor.take(result)
         tensor: dict[str, Any] = {"name": name, "datatype": TENSORS[name].tensor.datatype}
@@ -102,8 +103,13 @@ def encode(context: Context, result: Result) -> tuple[bytes, dict[str, str]]:
             blob = array.tobytes()
             tensor["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
-        else:
+        elif len(ranges) == 1:
             tensor["data"] = np.ascontiguousarray(array).ravel()
+        else:  # flat, in slices of samples: orjson renders a numpy array in one call, holding the GIL
+            parts = (np.ascontiguousarray(array[start:stop]).ravel() for start, stop in ranges)
+            tensor["data"] = orjson.Fragment(
+                json_array(orjson.dumps(part, option=orjson.OPT_SERIALIZE_NUMPY) for part in parts)
+            )
         outputs.append(tensor)
     answer: dict[str, Any] = {
         "model_name": context.signature.name,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import select
+import shutil
 import socket
 import time
 import uuid
@@ -17,8 +19,18 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.service.conftest import MODELS, address, probing, read_one, service_process, serving
-from tests.service.test_service import HANDWRITTEN_DIMS
+from service import v2
+from tests.service.conftest import (
+    MODELS,
+    address,
+    get,
+    probing,
+    read_one,
+    service_process,
+    serving,
+    start_and_fail,
+)
+from tests.service.test_service import HANDWRITTEN_DIMS, metric
 
 HANDWRITTEN = MODELS / "handwritten"
 
@@ -263,3 +275,146 @@ def test_many_small_samples_render_off_the_event_loop():
         with probing(url, "32 clients asking 1024 small samples each"):
             statuses = asyncio.run(load(6))
     assert statuses and set(statuses) <= {200, 503}, set(statuses)
+
+
+# --- answers: bounded before any work, rendered in slices -----------------------------------------------
+
+WIDE_CLASSES, WIDE_DIMS = 10_000, {"image": 40, "text": 48}  # 1024 samples: 360 KB as binary tensors
+
+
+def linear_head(dim: int, classes: int) -> bytes:
+    """A linear ONNX head (features @ w, then ReLU: evidence >= 0) of ``classes`` outputs."""
+    from onnx import TensorProto, helper
+
+    from tests.service.test_operator_mistakes import onnx_head
+
+    weights = np.random.default_rng(dim).random(dim * classes, dtype=np.float32)
+    w = helper.make_tensor("w", TensorProto.FLOAT, [dim, classes], weights.tolist())
+    nodes = [
+        helper.make_node("MatMul", ["features", "w"], ["z"]),
+        helper.make_node("Relu", ["z"], ["evidence"]),
+    ]
+    return onnx_head(nodes, [w], dim=dim, classes=classes)
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory) -> Path:
+    """The CUB model made 'wide': heads of 10,000 classes on views of 40 and 48 features."""
+    pytest.importorskip("onnx")
+    from tests.service.test_operator_mistakes import with_head, with_manifest
+
+    model = tmp_path_factory.mktemp("models") / "wide"
+    shutil.copytree(MODELS / "cub", model)
+    for view, dim in WIDE_DIMS.items():
+        with_head(model, view, linear_head(dim, WIDE_CLASSES), dim=dim)
+    classes = [f"class {k}" for k in range(WIDE_CLASSES)]
+    with_manifest(model, lambda manifest: manifest.update(name="wide", classes=classes))
+    return model
+
+
+def wide_features(n: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(n)
+    return {view: rng.random((n, dim), dtype=np.float32) for view, dim in WIDE_DIMS.items()}
+
+
+def wide_bodies(n: int) -> dict[str, tuple[bytes, dict[str, str], str]]:
+    """``n`` samples for the wide model as each protocol sends them: body, headers, path."""
+    features = wide_features(n)
+    v1_body = {"samples": [{"views": {v: a[i].tolist() for v, a in features.items()}} for i in range(n)]}
+    v2_json = {
+        "inputs": [
+            {"name": v, "datatype": "FP32", "shape": list(a.shape), "data": a.ravel().tolist()}
+            for v, a in features.items()
+        ]
+    }
+    json_type = {"content-type": "application/json"}
+    return {
+        "v1 JSON": (json.dumps(v1_body).encode(), json_type, "/v1/models/wide/predict"),
+        "v2 JSON": (json.dumps(v2_json).encode(), json_type, "/v2/models/wide/infer"),
+        "v2 binary": (*v2.encode_request(features), "/v2/models/wide/infer"),
+    }
+
+
+def peak_rss(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/status").read_text().split("VmHWM:")[1].split()[0]) * 1024
+
+
+def test_an_answer_over_the_bound_is_a_413_before_any_head_runs(wide):
+    """1024 samples of a 10,000-class model would be 51 million numbers (946 MB of JSON, 3 GB of RSS):
+    each protocol's request gets a 413 naming the limit and how many samples fit, no head runs, and the
+    service's memory stays small. The most samples that fit are answered."""
+    per_sample = 50_014  # 10,000 classes and 2 views (service/outputs.py)
+    fit = (1 << 20) // per_sample
+    with service_process("--model-dir", str(wide)) as (url, proc):
+        for protocol, (body, headers, path) in wide_bodies(1024).items():
+            answer = httpx.post(url + path, content=body, headers=headers, timeout=60)
+            assert answer.status_code == 413, (protocol, answer.text[:300])
+            message = answer.text
+            assert "DBF_MAX_ANSWER_VALUES" in message and f"send at most {fit} samples" in message, message
+        assert metric(url, "dbf_predictions_total", model="wide", method="dbf") == 0  # no head ran
+        peak = peak_rss(proc.pid)
+        for protocol, (body, headers, path) in wide_bodies(fit).items():
+            answer = httpx.post(url + path, content=body, headers=headers, timeout=60)
+            assert answer.status_code == 200, (protocol, answer.text[:300])
+        body, headers, path = wide_bodies(fit + 1)["v2 binary"]
+        assert httpx.post(url + path, content=body, headers=headers).status_code == 413
+    print(f"3 requests of 1024 samples refused: peak RSS {peak / 2**20:.0f} MiB")
+    assert peak < 512 * 2**20
+
+
+def test_a_model_whose_one_sample_passes_the_bound_is_refused(tmp_path, wide):
+    """250,000 classes (heads that really give them) on 2 views: one sample's answer alone is 1.25 million
+    numbers. Refused at start, naming the manifest and the setting, before any head is loaded."""
+    from tests.service.test_operator_mistakes import any_dim_head, with_head, with_manifest
+
+    model = shutil.copytree(wide, tmp_path / "wide")
+    classes = 250_000
+    for view, dim in WIDE_DIMS.items():
+        with_head(model, view, any_dim_head(dim, classes), dim=dim)
+    manifest = with_manifest(model, lambda m: m.update(classes=[f"c{k}" for k in range(classes)]))
+    done = start_and_fail("--model-dir", str(model))
+    assert done.returncode != 0
+    assert (
+        f"{manifest}: 250000 classes and 2 views make 1250014 numbers in one sample's answer; at most "
+        "1048576 are answered (DBF_MAX_ANSWER_VALUES)" in done.stderr
+    ), done.stderr[-2000:]
+
+
+def read_until_closed(conn: socket.socket) -> bytes:
+    answer = bytearray()
+    while chunk := conn.recv(1 << 20):
+        answer += chunk
+    return bytes(answer)
+
+
+def test_health_answers_while_a_big_answer_is_encoded(wide):
+    """A 256-sample answer of the wide model as JSON tensors (12.8 million numbers, 160 MB; allowed here)
+    is encoded in slices on a thread: /health is answered again and again after its heads have run and
+    before its answer starts (encoded in one go, the event loop waited for the GIL until it was done)."""
+    n = 256
+    body, headers = v2.encode_request(wide_features(n), binary_output=False)
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    request = f"POST /v2/models/wide/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{head}"
+    request += f"Content-Length: {len(body)}\r\n\r\n"
+    env = {"DBF_MAX_ANSWER_VALUES": str(64 << 20)}
+    with (
+        service_process("--model-dir", str(wide), env=env) as (url, _),
+        socket.create_connection(address(url), timeout=120) as big,
+    ):
+        big.sendall(request.encode() + body)
+        deadline = time.monotonic() + 120  # not a measure: a guard against waiting forever
+        while metric(url, "dbf_predictions_total", model="wide", method="dbf") < n:
+            assert time.monotonic() < deadline, "the heads did not run"
+            time.sleep(0.01)
+        answered = 0  # /health answers received after the heads ran, the big answer not begun
+        while answered < 3:
+            assert get(url, "/health").startswith(b"HTTP/1.1 200 ")
+            if select.select([big], [], [], 0)[0]:
+                break
+            answered += 1
+        answer = read_until_closed(big)
+    head, _, content = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), head
+    outputs = json.loads(content)["outputs"]
+    assert {o["name"]: o["shape"] for o in outputs}["view_belief"] == [n, 2, WIDE_CLASSES]
+    assert answered == 3, f"/health answered {answered} times before the answer began"
