@@ -1,0 +1,121 @@
+"""``python -m training fit`` and ``export`` on input that must not harm the machine they run on: data
+that would run code, files that are not the data's, output paths that are not a model's, and data that
+passes the readers but cannot make a model. Each is refused with a clear message, before training, and
+nothing outside the model's directory is written or lost."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.training.test_fit import QUICK, dataset, fit, read_manifest, write_npy
+
+
+def refused(capsys, *args: object) -> str:
+    """Run ``fit`` with ``args``, expect exit 1 with an error and no training; the error's text."""
+    capsys.readouterr()  # what ran before
+    assert fit(*args, *QUICK) == 1
+    printed = capsys.readouterr()
+    assert printed.err.startswith("error: ") and "Traceback" not in printed.err
+    assert "epoch 1/" not in printed.err and "wrote" not in printed.out  # refused before training
+    return printed.err
+
+
+# -- 2: nothing in a data file is ever unpickled -------------------------------------------------------------
+
+
+class _Payload:
+    """Unpickles to a call that creates ``marker``: the proof that a data file's code would have run."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return eval, (f"open({str(self.marker)!r}, 'w').close() or 'cat'",)
+
+
+@pytest.mark.parametrize(("stem", "options"), [("labels", []), ("fold", ["--split-column", "fold"])])
+def test_a_pickle_in_a_labels_or_split_file_is_never_loaded(stem, options, tmp_path, capsys):
+    views, labels = dataset()
+    directory = write_npy(tmp_path / "data", views, labels)
+    marker = tmp_path / "code-ran"
+    values = labels.astype(object) if stem == "labels" else np.full(labels.size, "train", dtype=object)
+    values[0] = _Payload(marker)
+    np.save(directory / f"{stem}.npy", values)  # np.save pickles an object array
+    error = refused(capsys, "--data", directory, "--out", tmp_path / "model", *options)
+    assert not marker.exists()
+    assert f"{stem}.npy: Python objects" in error and "never loaded" in error
+    assert "labels.txt" in error or f"{stem}.txt" in error  # what to save instead
+    assert not (tmp_path / "model").exists()
+
+
+# -- 12: only regular files inside the data directory are read -----------------------------------------------
+
+
+SECRET = "root:$6$not-for-your-eyes"
+
+
+def test_a_symbolic_link_out_of_the_data_directory_is_refused_unread(tmp_path, capsys):
+    outside = tmp_path / "shadow"
+    outside.write_text(SECRET + "\n" + SECRET + "\n")
+    views, labels = dataset()
+    for name in ("classes.txt", "image.npy", "labels.npy"):
+        directory = write_npy(tmp_path / name, views, labels)
+        (directory / name).unlink(missing_ok=True)
+        (directory / name).symlink_to(outside)
+        error = refused(capsys, "--data", directory, "--out", tmp_path / "model")
+        assert f"{directory / name}: a symbolic link out of {directory}" in error
+        assert "for-your-eyes" not in error
+
+
+def test_a_symbolic_link_within_the_data_directory_is_read(tmp_path):
+    views, labels = dataset()
+    directory = write_npy(tmp_path / "data", views, labels)
+    (directory / "names").mkdir()
+    (directory / "names" / "order.txt").write_text("eel\ncat\ndog\n")
+    (directory / "classes.txt").symlink_to(Path("names") / "order.txt")
+    assert fit("--data", directory, "--out", tmp_path / "model", *QUICK) == 0
+    assert read_manifest(tmp_path / "model").classes == ["eel", "cat", "dog"]
+
+
+def test_a_text_file_named_npy_is_not_called_python_objects_nor_echoed(tmp_path, capsys):
+    views, labels = dataset()
+    directory = write_npy(tmp_path / "data", views, labels)
+    (directory / "text.npy").write_text(SECRET)
+    error = refused(capsys, "--data", directory, "--out", tmp_path / "model")
+    assert f"{directory / 'text.npy'}: not a readable .npy file (no NumPy header" in error
+    assert "objects" not in error and "for-your-eyes" not in error
+
+
+def test_a_directory_where_a_file_is_expected_is_refused(tmp_path, capsys):
+    views, labels = dataset()
+    directory = write_npy(tmp_path / "data", views, labels)
+    (directory / "text.npy").unlink()
+    (directory / "text.npy").mkdir()
+    error = refused(capsys, "--data", directory, "--out", tmp_path / "model")
+    assert f"{directory / 'text.npy'}: a directory, not a regular file" in error
+
+
+@pytest.mark.parametrize("name", ["image.npy", "labels.npy", "classes.txt", "data.parquet"])
+def test_a_fifo_is_refused_without_waiting_for_a_writer(name, tmp_path):
+    views, labels = dataset()
+    if name == "data.parquet":
+        data = tmp_path / name
+    else:
+        data = write_npy(tmp_path / "data", views, labels)
+        (data / name).unlink(missing_ok=True)
+    fifo = data if name == "data.parquet" else data / name
+    os.mkfifo(fifo)
+    command = ["fit", "--data", str(data), "--out", str(tmp_path / "model"), *QUICK]
+    # Nothing ever writes to the FIFO: an open for reading would wait forever, and the guard ends the test.
+    done = subprocess.run(
+        [sys.executable, "-m", "training", *command], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1
+    assert f"{fifo}: a FIFO (named pipe), not a regular file" in done.stderr
+    assert "Traceback" not in done.stderr
