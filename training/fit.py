@@ -27,7 +27,14 @@ import torch
 
 from fusion import fuse, opinion_from_evidence
 from manifest import NAME_PATTERN, FusionDefaults, Manifest, Metrics, ViewEntry
-from training.calibrate import FlagScores, FusedSplit, PostHoc, calibrate, flag_scores
+from training.calibrate import (
+    FlagScores,
+    FusedSplit,
+    PostHoc,
+    calibrate,
+    check_calibration_splits,
+    flag_scores,
+)
 from training.data import MultiViewData
 from training.evaluate import Evaluation, measure
 from training.export import provenance, write_model
@@ -192,6 +199,7 @@ def fit(
     raw = _parity_rows(data)  # before scaling: in place, the raw features are gone afterwards
     sets = assemble(data, seed=seed, conflictive=("validation", "test"), in_place=in_place)
     seconds["scaling"] = time.perf_counter() - started
+    check_calibration_splits(data, sets)
 
     started = time.perf_counter()
     torch.set_num_threads(1)  # deterministic float summation order, hence the same weights and bytes

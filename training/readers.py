@@ -19,7 +19,7 @@ a registry name (:func:`read_registered`)
 A missing view is a row of NaN in the ``.npy`` file or a null in the Parquet column. Labels that are
 strings become classes in sorted order (or in ``classes.txt`` / ``classes`` order); integer labels index the
 given class names, or else become classes in sorted order. Features are converted to float32 in chunks, so
-reading keeps one float32 copy of the data and little else.
+reading keeps one float32 copy of the data and little else. At most :data:`MAX_VIEWS` views are read.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -39,6 +39,7 @@ from training.download import DOWNLOAD_COMMAND
 from training.registry import DATASETS, DatasetSpec, dataset_spec
 
 __all__ = [
+    "MAX_VIEWS",
     "Column",
     "assemble",
     "features",
@@ -76,6 +77,9 @@ _FILE_KINDS = {
     stat.S_IFBLK: "a device",
     stat.S_IFSOCK: "a socket",
 }
+
+MAX_VIEWS = 64
+"""The most views fit takes: each adds a head, and every sample's conflict matrix grows as its square."""
 
 
 class Column(NamedTuple):
@@ -182,8 +186,7 @@ def read_npy_directory(
             raise DataError(f"{directory}: no view {name!r} ({name}.npy); views there: {', '.join(found)}")
     if not names:
         raise DataError(f"{directory}: no view files (<view>.npy, one (N, d) matrix per view)")
-    for name in names:
-        _check_view_name(name, where=str(directory / f"{name}.npy"))
+    _check_views(names, directory, where=lambda name: str(directory / f"{name}.npy"))
     if classes is None and os.path.lexists(directory / "classes.txt"):
         classes = _lines(directory / "classes.txt", directory=directory, role="classes")
     # Shapes first, from the headers: a row-count mismatch is reported before any conversion.
@@ -308,9 +311,9 @@ def read_parquet(
     for name in names:
         if name not in columns or name in reserved:
             raise DataError(f"{path}: no view column {name!r} (columns: {', '.join(columns)})")
-        _check_view_name(name, where=f"{path} column {name!r}")
     if not names:
         raise DataError(f"{path}: no view columns beside the label column {label_column!r}")
+    _check_views(names, path, where=lambda name: f"{path} column {name!r}")
     num_rows = file.metadata.num_rows
     # glibc's allocator hands a freed batch back to the system at once; arrow's default pool (mimalloc)
     # keeps it for reuse, which raised the peak of reading a 1024-wide column by half the data's size.
@@ -573,6 +576,19 @@ def _check_block(block: np.ndarray, *, where: str, offset: int) -> None:
         raise DataError(
             f"{where} row {offset + row}, column {column}: infinite value (or one beyond float32's range)"
         )
+
+
+def _check_views(names: Sequence[str], source: Path, *, where: Callable[[str], str]) -> None:
+    """At most :data:`MAX_VIEWS` views, each named as the API takes it; ``where(name)`` says where it is."""
+    if len(names) > MAX_VIEWS:
+        shown = ", ".join(names[:5])
+        raise DataError(
+            f"{source}: {len(names)} views ({shown}, ...); fit takes at most {MAX_VIEWS}: pick some with "
+            "--views, or keep each view's features together (one (N, d) .npy matrix, or one Parquet column "
+            "of lists of numbers, per view: a plain numeric column is a view of one feature)"
+        )
+    for name in names:
+        _check_view_name(name, where=where(name))
 
 
 def _check_view_name(name: str, *, where: str) -> None:

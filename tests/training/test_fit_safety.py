@@ -11,9 +11,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from tests.training.test_fit import QUICK, dataset, fit, read_manifest, write_npy
+from training.readers import MAX_VIEWS
 
 
 def refused(capsys, *args: object) -> str:
@@ -119,3 +122,73 @@ def test_a_fifo_is_refused_without_waiting_for_a_writer(name, tmp_path):
     assert done.returncode == 1
     assert f"{fifo}: a FIFO (named pipe), not a regular file" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+# -- 8: data the split and the calibration cannot use is refused before training -----------------------------
+
+
+def two_classes(directory: Path, per_class: tuple[int, int], **extra: np.ndarray) -> Path:
+    views, labels = dataset(per_class=max(per_class))
+    rows = [np.flatnonzero(labels == name)[:n] for name, n in zip(("cat", "dog"), per_class, strict=True)]
+    keep = np.concatenate(rows)
+    return write_npy(directory, {v: m[keep] for v, m in views.items()}, labels[keep], **extra)
+
+
+@pytest.mark.parametrize("per_class", [10, 15, 25])
+def test_too_few_samples_for_the_calibration_are_refused_before_training(per_class, tmp_path, capsys):
+    data = two_classes(tmp_path / "data", (per_class, per_class))
+    error = refused(capsys, "--data", data, "--out", tmp_path / "model")
+    validation = 2 * (per_class // 10)
+    assert f"the validation split holds {validation} samples" in error
+    assert "cross-validates on 5 folds" in error and "at least 5" in error
+    assert "with 2 classes that takes at least 30 samples per class" in error and "--split-column" in error
+    assert not (tmp_path / "model").exists()
+
+
+def test_enough_samples_for_the_calibration_make_a_model(tmp_path):
+    data = two_classes(tmp_path / "data", (20, 30))  # 2 + 3 validation samples
+    assert fit("--data", data, "--out", tmp_path / "model", *QUICK) == 0
+    assert read_manifest(tmp_path / "model").training["splits"]["validation"] == 5
+
+
+def test_a_split_column_with_too_few_validation_samples_is_refused_before_training(tmp_path, capsys):
+    views, labels = dataset()
+    fold = np.full(labels.size, "train", dtype="<U10")
+    for name in ("cat", "dog", "eel"):
+        rows = np.flatnonzero(labels == name)
+        fold[rows[:1]] = "validation"
+        fold[rows[1:5]] = "test"
+    data = write_npy(tmp_path / "data", views, labels, fold=fold)
+    error = refused(capsys, "--data", data, "--out", tmp_path / "model", "--split-column", "fold")
+    assert "the validation split holds 3 samples" in error
+    assert "put at least 5 samples in validation in the split column" in error
+
+
+def test_no_validation_sample_to_make_conflictive_is_refused_before_training(tmp_path, capsys):
+    views, labels = dataset()
+    fold = np.full(labels.size, "train", dtype="<U10")
+    for name in ("cat", "dog", "eel"):
+        rows = np.flatnonzero(labels == name)
+        fold[rows[:3]] = "validation"
+        fold[rows[3:7]] = "test"
+    validation = np.flatnonzero(fold == "validation")
+    for v, matrix in enumerate(views.values()):  # each validation sample has one view
+        matrix[validation[validation % 3 != v]] = np.nan
+    data = write_npy(tmp_path / "data", views, labels, fold=fold)
+    error = refused(capsys, "--data", data, "--out", tmp_path / "model", "--split-column", "fold")
+    assert "no validation sample has two views or more" in error
+
+
+@pytest.mark.parametrize("kind", ["parquet", "npy"])
+def test_more_views_than_fit_takes_are_refused_before_reading_them(kind, tmp_path, capsys):
+    _, labels = dataset()
+    rng = np.random.default_rng(0)
+    columns = {f"f{i}": rng.normal(size=labels.size) for i in range(MAX_VIEWS + 1)}  # a column per feature
+    if kind == "parquet":
+        data = tmp_path / "wide.parquet"
+        pq.write_table(pa.table({**columns, "label": pa.array(labels)}), data)
+    else:
+        data = write_npy(tmp_path / "wide", {name: value[:, None] for name, value in columns.items()}, labels)
+    error = refused(capsys, "--data", data, "--out", tmp_path / "model")
+    assert f"{MAX_VIEWS + 1} views" in error and f"fit takes at most {MAX_VIEWS}" in error
+    assert "--views" in error
