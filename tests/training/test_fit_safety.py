@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.training.test_fit import QUICK, dataset, fit, read_manifest, write_npy
+from tests.training.test_fit import QUICK, _snapshot, dataset, fit, read_manifest, write_npy, write_parquet
 from training.readers import MAX_VIEWS
 
 
@@ -192,3 +192,131 @@ def test_more_views_than_fit_takes_are_refused_before_reading_them(kind, tmp_pat
     error = refused(capsys, "--data", data, "--out", tmp_path / "model")
     assert f"{MAX_VIEWS + 1} views" in error and f"fit takes at most {MAX_VIEWS}" in error
     assert "--views" in error
+
+
+# -- 1: --out is replaced only where it is a model, and never where the data is -----------------------------
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    return write_npy(tmp_path / "data", *dataset())
+
+
+def test_out_a_folder_of_notes_is_refused_before_training(data, tmp_path, capsys):
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "ideas.txt").write_text("keep me")
+    before = _snapshot(tmp_path)
+    error = refused(capsys, "--data", data, "--out", notes)
+    assert f"{notes}: not a model directory" in error and "name a new directory" in error
+    assert _snapshot(tmp_path) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "notes"]
+
+
+def test_out_the_data_inside_it_or_around_it_is_refused(data, tmp_path, capsys):
+    before = _snapshot(tmp_path)
+    assert "is the data" in refused(capsys, "--data", data, "--out", data)
+    assert "inside the data directory" in refused(capsys, "--data", data, "--out", data / "model")
+    assert "holds the data" in refused(capsys, "--data", data, "--out", tmp_path)
+    parquet = write_parquet(tmp_path / "pets.parquet", *dataset())
+    assert "is the data" in refused(capsys, "--data", parquet, "--out", parquet)
+    before[parquet.name] = parquet.read_bytes()
+    assert _snapshot(tmp_path) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "pets.parquet"]
+
+
+def test_a_model_that_holds_the_data_is_not_replaced(tmp_path, capsys):
+    model = tmp_path / "pets"
+    assert fit("--data", write_npy(tmp_path / "first", *dataset()), "--out", model, *QUICK) == 0
+    data = write_npy(model / "data", *dataset(seed=1))
+    before = _snapshot(tmp_path)
+    assert f"{model}: holds the data" in refused(capsys, "--data", data, "--out", model)
+    assert _snapshot(tmp_path) == before
+
+
+def test_out_the_model_repository_is_refused(data, tmp_path, capsys):
+    repository = tmp_path / "models"
+    for name in ("cats", "dogs"):
+        assert fit("--data", data, "--out", repository / name, *QUICK) == 0
+    before = _snapshot(repository)
+    error = refused(capsys, "--data", data, "--out", repository)
+    assert f"{repository}: not a model directory" in error
+    assert _snapshot(repository) == before
+
+
+def test_out_a_file_or_under_a_file_is_refused(data, tmp_path, capsys):
+    file = tmp_path / "notes.txt"
+    file.write_text("keep me")
+    assert f"{file}: a file, not a model directory" in refused(capsys, "--data", data, "--out", file)
+    error = refused(capsys, "--data", data, "--out", file / "model")
+    assert f"{file}: a file, so {file / 'model'} cannot be made" in error
+    assert file.read_text() == "keep me"
+
+
+def test_out_a_symbolic_link_is_refused(data, tmp_path, capsys):
+    model = tmp_path / "models" / "pets"
+    assert fit("--data", data, "--out", model, *QUICK) == 0
+    link = tmp_path / "models" / "current"
+    link.symlink_to("pets")
+    before = _snapshot(tmp_path / "models")
+    error = refused(capsys, "--data", data, "--out", link)
+    assert f"{link}: a symbolic link" in error
+    assert link.is_symlink() and _snapshot(tmp_path / "models") == before
+
+
+def test_a_model_with_files_no_model_has_is_not_replaced(data, tmp_path, capsys):
+    model = tmp_path / "pets"
+    assert fit("--data", data, "--out", model, *QUICK) == 0
+    (model / "notes.txt").write_text("keep me")
+    before = _snapshot(model)
+    error = refused(capsys, "--data", data, "--out", model)
+    assert f"{model}: holds notes.txt, which a model directory does not" in error
+    assert _snapshot(model) == before
+
+
+def test_a_model_is_replaced_by_the_new_fit(data, tmp_path):
+    model = tmp_path / "models" / "pets"
+    assert fit("--data", data, "--out", model, *QUICK) == 0
+    first = read_manifest(model)
+    assert fit("--data", data, "--out", model, "--seed", "1", *QUICK) == 0
+    assert read_manifest(model).training["seed"] == 1 and first.training["seed"] == 0
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["pets"]  # nothing retired left
+
+
+def test_a_folder_made_at_out_during_training_is_not_replaced(tmp_path):
+    from training.data import synthetic
+    from training.export import ModelDirError
+    from training.fit import fit as fit_model
+    from training.train import TrainConfig
+
+    out = tmp_path / "models" / "pets"
+
+    class NotesAppear:
+        """Training's reporter: someone puts a folder of notes where the model is to go."""
+
+        def epoch(self, epoch: int, train_loss: float, validation_loss: float | None) -> None:
+            if epoch == 1:
+                out.mkdir(parents=True)
+                (out / "ideas.txt").write_text("keep me")
+
+        def close(self, *, stopped_early: bool = False) -> None:
+            pass
+
+    config = TrainConfig(method="dbf", lam=1.0, epochs=2)
+    with pytest.raises(ModelDirError, match="not a model directory"):
+        fit_model(synthetic(90, seed=0), out, config=config, progress=NotesAppear())
+    assert [p.name for p in (tmp_path / "models").iterdir()] == ["pets"]  # no staging left
+    assert (out / "ideas.txt").read_text() == "keep me" and len(list(out.iterdir())) == 1
+
+
+@pytest.mark.data
+def test_export_refuses_a_folder_that_is_not_a_model(data_dir, tmp_path, capsys):
+    from training.__main__ import main
+
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "ideas.txt").write_text("keep me")
+    command = ["export", "--dataset", "cub", "--data-dir", data_dir, "--out", notes, "--epochs", "1"]
+    assert main([str(part) for part in command]) == 1
+    assert f"{notes}: not a model directory" in capsys.readouterr().err
+    assert [p.name for p in notes.iterdir()] == ["ideas.txt"]
