@@ -151,13 +151,19 @@ def test_enough_samples_for_the_calibration_make_a_model(tmp_path):
     assert read_manifest(tmp_path / "model").training["splits"]["validation"] == 5
 
 
+def split_column(labels: np.ndarray, *, validation: int, test: int) -> np.ndarray:
+    """``validation`` and ``test`` samples of each class there, the others to train."""
+    fold = np.full(labels.size, "train", dtype="<U10")
+    for name in np.unique(labels):
+        rows = np.flatnonzero(labels == name)
+        fold[rows[:validation]] = "validation"
+        fold[rows[validation : validation + test]] = "test"
+    return fold
+
+
 def test_a_split_column_with_too_few_validation_samples_is_refused_before_training(tmp_path, capsys):
     views, labels = dataset()
-    fold = np.full(labels.size, "train", dtype="<U10")
-    for name in ("cat", "dog", "eel"):
-        rows = np.flatnonzero(labels == name)
-        fold[rows[:1]] = "validation"
-        fold[rows[1:5]] = "test"
+    fold = split_column(labels, validation=1, test=4)
     data = write_npy(tmp_path / "data", views, labels, fold=fold)
     error = refused(capsys, "--data", data, "--out", tmp_path / "model", "--split-column", "fold")
     assert "the validation split holds 3 samples" in error
@@ -166,11 +172,7 @@ def test_a_split_column_with_too_few_validation_samples_is_refused_before_traini
 
 def test_no_validation_sample_to_make_conflictive_is_refused_before_training(tmp_path, capsys):
     views, labels = dataset()
-    fold = np.full(labels.size, "train", dtype="<U10")
-    for name in ("cat", "dog", "eel"):
-        rows = np.flatnonzero(labels == name)
-        fold[rows[:3]] = "validation"
-        fold[rows[3:7]] = "test"
+    fold = split_column(labels, validation=3, test=4)
     validation = np.flatnonzero(fold == "validation")
     for v, matrix in enumerate(views.values()):  # each validation sample has one view
         matrix[validation[validation % 3 != v]] = np.nan
