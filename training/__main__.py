@@ -109,6 +109,7 @@ def _calibration(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from training.data import DataError
     from training.fit import export
     from training.train import TrainConfig
 
@@ -119,14 +120,18 @@ def _export(args: argparse.Namespace) -> int:
         hyperparameters=DATASETS[args.dataset].hyperparameters,
         seed=args.seed,
     )
-    manifest = export(
-        args.dataset,
-        args.out,
-        data_dir=args.data_dir,
-        config=config,
-        seed=args.seed,
-        target_false_positive_rate=args.target_fpr,
-    )
+    try:
+        manifest = export(
+            args.dataset,
+            args.out,
+            data_dir=args.data_dir,
+            config=config,
+            seed=args.seed,
+            target_false_positive_rate=args.target_fpr,
+        )
+    except (DataError, FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     print(_summary(args.out, manifest))
     return 0
 
@@ -294,8 +299,9 @@ def main(argv: list[str] | None = None) -> int:
         help="fit a DBF model to your data (a directory of .npy files, a Parquet file, or a benchmark "
         "dataset's name) and write it, with its model card, as a model repository entry",
         description="Fit one evidential head per view with DBF, calibrate the high-conflict flag, and write "
-        "OUT (per-view ONNX, manifest.json, card.md and its figures); OUT is replaced only once all of it "
-        "is written. Formats: see the README's 'Your data, your model'.",
+        "OUT (per-view ONNX, manifest.json, card.md and its figures); OUT must be absent or a model "
+        "directory, and is replaced only once all of it is written. Formats: see the README's 'Your data, "
+        "your model'.",
     )
     own.add_argument(
         "--data",

@@ -61,7 +61,9 @@ from manifest import (
     ConformalSets,
     FlagRates,
 )
+from training.data import DataError, MultiViewData
 from training.metrics import auroc
+from training.protocol import SPLIT_FRACTIONS, EvaluationSets, smallest_class_for_validation
 
 DEFAULT_COVERAGE = 0.9
 CALIBRATION_FOLDS = 5
@@ -428,6 +430,44 @@ class PostHoc:
         )
 
 
+def check_calibration_splits(data: MultiViewData, sets: EvaluationSets) -> None:
+    """Refuse, before training, splits :func:`calibrate` cannot use.
+
+    It cross-validates on the clean validation samples, and fits the high-conflict flag on conflictive copies
+    of them (measured on the test split's own copies): copies are made of samples with two views or more.
+
+    Raises
+    ------
+    DataError
+        Fewer validation samples than :data:`CALIBRATION_FOLDS`, or no validation or test sample with two
+        views; saying how many there are and what to do.
+    """
+    source, folds = data.source or data.name, CALIBRATION_FOLDS
+    validation = sets.validation
+    if len(validation) < folds:
+        counts = np.bincount(validation.labels, minlength=data.num_classes)
+        held = ", ".join(f"{int(n)} of {name!r}" for name, n in zip(data.class_names, counts, strict=True))
+        if data.split is None:
+            per_class = smallest_class_for_validation(folds, data.num_classes)
+            remedy = (
+                f"with {data.num_classes} classes that takes at least {per_class} samples per class "
+                f"({SPLIT_FRACTIONS[1]:.0%} of each goes to validation), or a split column (--split-column) "
+                f"with at least {folds} validation samples"
+            )
+        else:
+            remedy = f"put at least {folds} samples in validation in the split column"
+        raise DataError(
+            f"{source}: the validation split holds {len(validation)} samples ({held}); the calibration "
+            f"cross-validates on {folds} folds, so it needs at least {folds}: {remedy}"
+        )
+    for split, use in (("validation", "fitted"), ("test", "measured")):
+        if len(sets.conflictive[split]) == 0:
+            raise DataError(
+                f"{source}: no {split} sample has two views or more; the high-conflict flag is {use} on "
+                "conflictive copies of them (one view replaced by another class's), so some need two views"
+            )
+
+
 def supported_coverage(samples: int, *, folds: int = CALIBRATION_FOLDS) -> float:
     """The default coverage, or less where ``samples`` validation samples cannot support it: 0.9 needs 9
     calibration samples, and the cross-validation that chooses the score calibrates on all but a fold."""
@@ -495,6 +535,7 @@ __all__ = [
     "SetFigures",
     "calibrate",
     "calibrate_flag",
+    "check_calibration_splits",
     "evaluate_calibration",
     "fit_calibration",
     "flag_scores",

@@ -12,6 +12,7 @@ is written here.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import hashlib
 import math
 import os
@@ -33,10 +34,17 @@ from training.protocol import MinMaxScaler
 PARITY_TOLERANCE = 1e-4
 _OPSET = 17
 _IR_VERSION = 8  # readable by every onnxruntime release since 1.10
+# What a model directory holds beside its manifest's ONNX files: the manifest, and the card and its figures
+# (training.card).
+_MODEL_FILES = ("manifest.json", "card.md", "*.png")
 
 
 class ParityError(RuntimeError):
     """An exported graph does not reproduce its torch head."""
+
+
+class ModelDirError(ValueError):
+    """A path a model may not be written to: it is not a model directory, or the data is in or around it."""
 
 
 def head_to_onnx(head: ViewHead, minimum: np.ndarray, maximum: np.ndarray, *, view: str):
@@ -119,6 +127,75 @@ def check_parity(
     return error
 
 
+def check_model_dir(out_dir: str | os.PathLike[str], *, data: str | os.PathLike[str] | None = None) -> None:
+    """Refuse ``out_dir`` as a model's directory unless writing it there loses nothing but an older model.
+
+    ``out_dir`` may be absent (made, with its parents), or a model directory, which is replaced: a real
+    directory (not a symbolic link) with a ``manifest.json`` that is a model's, holding nothing but what a
+    model directory holds (the manifest's ONNX files, the model card and its figures). Anything else is
+    refused: a file, a link, any other directory (a folder of notes, the model repository), and, with
+    ``data`` (what the model is fitted on), the data itself, a directory holding it, or a place inside the
+    data's directory. :func:`write_model` checks again just before it replaces ``out_dir``.
+
+    Raises
+    ------
+    ModelDirError
+        Saying what ``out_dir`` is and what to do instead.
+    """
+    out = Path(out_dir)
+    if data is not None:
+        _check_apart_from_data(out, Path(data))
+    if out.is_symlink():
+        raise ModelDirError(
+            f"{out}: a symbolic link; a model is written only to a real directory: name it, not the link"
+        )
+    ancestor = next(path for path in (out, *out.parents) if os.path.lexists(path))
+    if ancestor != out:  # absent: made, with its parents
+        if not ancestor.is_dir():
+            raise ModelDirError(f"{ancestor}: a file, so {out} cannot be made there")
+        return
+    if not out.is_dir():
+        raise ModelDirError(f"{out}: a file, not a model directory; name a new directory for the model")
+    manifest = _model_manifest(out)
+    if manifest is None:
+        raise ModelDirError(
+            f"{out}: not a model directory (no manifest.json of a model), so it is not replaced: name a new "
+            "directory for the model, or move this one away first"
+        )
+    heads = {view.file for view in manifest.views}
+    for entry in sorted(out.iterdir()):
+        known = entry.name in heads or any(fnmatch.fnmatch(entry.name, p) for p in _MODEL_FILES)
+        if not known or entry.is_symlink() or not entry.is_file():
+            raise ModelDirError(
+                f"{out}: holds {entry.name}, which a model directory does not, so it is not replaced: move "
+                f"{entry.name} out, or name a new directory for the model"
+            )
+
+
+def _check_apart_from_data(out: Path, data: Path) -> None:
+    """Refuse ``out`` where it is the data, holds it, or lies inside the data's directory."""
+    out_path, data_path = out.resolve(), data.resolve()
+    if out_path == data_path:
+        raise ModelDirError(f"{out}: is the data ({data}); name a new directory for the model")
+    if data_path.is_relative_to(out_path):
+        raise ModelDirError(f"{out}: holds the data ({data}); name a new directory for the model")
+    if data_path.is_dir() and out_path.is_relative_to(data_path):
+        raise ModelDirError(
+            f"{out}: inside the data directory {data}; name a directory outside it for the model"
+        )
+
+
+def _model_manifest(directory: Path) -> Manifest | None:
+    """The manifest of the model in ``directory``; None where it has none that is a model's."""
+    path = directory / "manifest.json"
+    if path.is_symlink() or not path.is_file():
+        return None
+    try:
+        return Manifest.model_validate_json(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+
+
 def write_model(
     out_dir: str | os.PathLike[str],
     *,
@@ -127,11 +204,13 @@ def write_model(
     parity: Mapping[str, tuple[np.ndarray, np.ndarray]],
     manifest: Callable[[list[ViewEntry]], Manifest],
     extras: Callable[[Path, Manifest], object] | None = None,
+    data: str | os.PathLike[str] | None = None,
 ) -> Manifest:
     """Write ``heads`` as the model directory ``out_dir``: an ONNX graph per view, ``manifest.json``, extras.
 
     Everything goes into a staging directory beside ``out_dir``, renamed into place once written and
-    verified: a failure leaves ``out_dir`` (an existing model or nothing) untouched.
+    verified: a failure leaves ``out_dir`` (an existing model or nothing) untouched. Only a model directory is
+    replaced, and never the data (:func:`check_model_dir`, checked first and again just before the rename).
 
     Parameters
     ----------
@@ -145,8 +224,11 @@ def write_model(
         Makes the manifest from the written views' entries.
     extras : callable, optional
         Writes more files (a model card) into the staging directory, given it and the manifest.
+    data : path, optional
+        What the model was fitted on: never written into or over.
     """
     out = Path(out_dir)
+    check_model_dir(out, data=data)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -169,10 +251,10 @@ def write_model(
         if extras is not None:
             extras(staging, written)
         staging.chmod(0o755)  # mkdtemp's 0700 would make the model private to its writer
+        check_model_dir(out, data=data)  # what is at out_dir now, not when writing began
         if out.exists():  # two renames: the old model is in place until the new one takes its name
-            retired = out.with_name(f".{out.name}.retired")
-            shutil.rmtree(retired, ignore_errors=True)
-            out.rename(retired)
+            retired = Path(tempfile.mkdtemp(prefix=f".{out.name}.retired.", dir=out.parent))
+            out.rename(retired / out.name)
             staging.rename(out)
             shutil.rmtree(retired)
         else:
@@ -215,7 +297,9 @@ def exported_evidence(model_dir: str | os.PathLike[str], views: Mapping[str, np.
 
 
 __all__: Sequence[str] = [
+    "ModelDirError",
     "ParityError",
+    "check_model_dir",
     "check_parity",
     "exported_evidence",
     "head_to_onnx",

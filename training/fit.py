@@ -27,10 +27,17 @@ import torch
 
 from fusion import fuse, opinion_from_evidence
 from manifest import NAME_PATTERN, FusionDefaults, Manifest, Metrics, ViewEntry
-from training.calibrate import FlagScores, FusedSplit, PostHoc, calibrate, flag_scores
+from training.calibrate import (
+    FlagScores,
+    FusedSplit,
+    PostHoc,
+    calibrate,
+    check_calibration_splits,
+    flag_scores,
+)
 from training.data import MultiViewData
 from training.evaluate import Evaluation, measure
-from training.export import provenance, write_model
+from training.export import check_model_dir, provenance, write_model
 from training.metrics import accuracy
 from training.progress import Progress
 from training.protocol import EvaluationSets, assemble
@@ -152,8 +159,9 @@ def fit(
     ----------
     data : MultiViewData
     out_dir : path
-        The model's directory (``models/NAME``): replaced only once everything is written and verified;
-        on any failure it is left as it was.
+        The model's directory (``models/NAME``): absent, or a model directory, replaced only once everything
+        is written and verified; on any failure it is left as it was. Anything else (a folder that is not a
+        model's, the data) is refused before training (:func:`training.export.check_model_dir`).
     config : TrainConfig
         Training settings; its method and lambda are also the model's default fusion. ``config.epochs`` is
         the maximum with ``early_stopping``.
@@ -192,6 +200,8 @@ def fit(
     raw = _parity_rows(data)  # before scaling: in place, the raw features are gone afterwards
     sets = assemble(data, seed=seed, conflictive=("validation", "test"), in_place=in_place)
     seconds["scaling"] = time.perf_counter() - started
+    check_calibration_splits(data, sets)
+    check_model_dir(out, data=_data_path(data))  # and again where it is replaced, once trained
 
     started = time.perf_counter()
     torch.set_num_threads(1)  # deterministic float summation order, hence the same weights and bytes
@@ -289,6 +299,7 @@ def fit(
     started = time.perf_counter()
     manifest = write_model(
         out,
+        data=_data_path(data),
         heads=heads,
         scaler=sets.scaler,
         parity={v: (raw[v][1], sets.views[v][raw[v][0]]) for v in data.view_names},
@@ -297,6 +308,11 @@ def fit(
     )
     seconds["export"] = time.perf_counter() - started
     return manifest, report
+
+
+def _data_path(data: MultiViewData) -> Path | None:
+    """Where ``data`` was read from, if it names a file or directory: no model is written into or over it."""
+    return Path(data.source) if data.source and os.path.lexists(data.source) else None
 
 
 def _parity_rows(data: MultiViewData) -> dict[str, tuple[np.ndarray, np.ndarray]]:

@@ -133,6 +133,19 @@ def smallest_splittable_class(fractions: tuple[float, float, float] = SPLIT_FRAC
     return size
 
 
+def smallest_class_for_validation(samples: int, num_classes: int) -> int:
+    """The fewest samples per class for which :func:`stratified_split` puts ``samples`` in the validation
+    split, over ``num_classes`` classes of that size (and one of every class in each split).
+
+    >>> smallest_class_for_validation(5, 2)
+    30
+    """
+    size = smallest_splittable_class()
+    while num_classes * _share(SPLIT_FRACTIONS[1], size) < samples:
+        size += 1
+    return size
+
+
 @dataclass(frozen=True, eq=False)
 class MinMaxScaler:
     """Per-feature min-max scaling of every view to [0, 1], with ranges fitted on one split.

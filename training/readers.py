@@ -7,7 +7,9 @@ count from 1), raised before anything is trained or written.
 ``DIR/`` (:func:`read_npy_directory`)
     ``<view>.npy`` per view, shape ``(N, d)``, any integer or floating dtype; labels in ``labels.npy``
     (``(N,)`` integers or strings) or ``labels.txt`` (one per line); optional ``classes.txt`` (class names in
-    label order). Every other ``.npy`` file is a view, named by its file name.
+    label order). Every other ``.npy`` file is a view, named by its file name. Each is a regular file (a
+    symbolic link only to a file inside the directory), and a ``.npy`` file of Python objects is refused:
+    loading it would unpickle it, which can run code.
 ``FILE.parquet`` (:func:`read_parquet`)
     A label column (``label``) and one column per view holding a list or fixed-size list of numbers per row
     (a plain numeric column is a view of width 1); every other column is a view.
@@ -17,14 +19,15 @@ a registry name (:func:`read_registered`)
 A missing view is a row of NaN in the ``.npy`` file or a null in the Parquet column. Labels that are
 strings become classes in sorted order (or in ``classes.txt`` / ``classes`` order); integer labels index the
 given class names, or else become classes in sorted order. Features are converted to float32 in chunks, so
-reading keeps one float32 copy of the data and little else.
+reading keeps one float32 copy of the data and little else. At most :data:`MAX_VIEWS` views are read.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+import stat
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -36,6 +39,7 @@ from training.download import DOWNLOAD_COMMAND
 from training.registry import DATASETS, DatasetSpec, dataset_spec
 
 __all__ = [
+    "MAX_VIEWS",
     "Column",
     "assemble",
     "features",
@@ -65,6 +69,17 @@ _SPLIT_ALIASES = {
     "testing": 2,
 }
 _INTEGER = re.compile(r"[+-]?\d+")
+_NPY_MAGIC = np.lib.format.MAGIC_PREFIX
+_FILE_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFCHR: "a device",
+    stat.S_IFBLK: "a device",
+    stat.S_IFSOCK: "a socket",
+}
+
+MAX_VIEWS = 64
+"""The most views fit takes: each adds a head, and every sample's conflict matrix grows as its square."""
 
 
 class Column(NamedTuple):
@@ -171,12 +186,11 @@ def read_npy_directory(
             raise DataError(f"{directory}: no view {name!r} ({name}.npy); views there: {', '.join(found)}")
     if not names:
         raise DataError(f"{directory}: no view files (<view>.npy, one (N, d) matrix per view)")
-    for name in names:
-        _check_view_name(name, where=str(directory / f"{name}.npy"))
-    if classes is None and (directory / "classes.txt").is_file():
-        classes = _lines(directory / "classes.txt", role="classes")
+    _check_views(names, directory, where=lambda name: str(directory / f"{name}.npy"))
+    if classes is None and os.path.lexists(directory / "classes.txt"):
+        classes = _lines(directory / "classes.txt", directory=directory, role="classes")
     # Shapes first, from the headers: a row-count mismatch is reported before any conversion.
-    arrays = {name: _open_npy(directory / f"{name}.npy") for name in names}
+    arrays = {name: _open_npy(directory / f"{name}.npy", directory=directory) for name in names}
     _check_rows(
         {name: Column(array, str(directory / f"{name}.npy")) for name, array in arrays.items()}, labels
     )
@@ -195,14 +209,9 @@ def read_npy_directory(
     )
 
 
-def _open_npy(path: Path) -> np.ndarray:
+def _open_npy(path: Path, *, directory: Path) -> np.ndarray:
     """A view's ``.npy`` file, memory-mapped (converted chunk by chunk later), its shape and type checked."""
-    try:
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError, EOFError) as error:
-        if "object" in str(error).lower():  # Python objects (e.g. strings and None) cannot be mapped
-            raise DataError(f"{path}: not numeric data (Python objects); a view holds numbers") from error
-        raise DataError(f"{path}: not a readable .npy file: {error}") from error
+    array = _load_npy(path, directory=directory, mmap=True, instead="a view holds numbers, shape (N, d)")
     if not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)):
         raise DataError(f"{path}: dtype {array.dtype} is not numeric; a view holds numbers, shape (N, d)")
     if array.ndim != 2:
@@ -211,29 +220,53 @@ def _open_npy(path: Path) -> np.ndarray:
     return array
 
 
+def _load_npy(path: Path, *, directory: Path, mmap: bool, instead: str) -> np.ndarray:
+    """The array of ``directory``'s file ``path`` (memory-mapped with ``mmap``), never unpickled.
+
+    A file of Python objects is refused, saying ``instead``: what to store. Messages say what is wrong with
+    the file, never what it holds (numpy's own quote its first bytes).
+    """
+    _regular_file(path, directory=directory)
+    try:
+        with path.open("rb") as stream:
+            is_npy = stream.read(len(_NPY_MAGIC)) == _NPY_MAGIC
+        if is_npy:
+            return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except ValueError as error:
+        if "object" in str(error).lower():
+            raise DataError(
+                f"{path}: Python objects, stored as a pickle, which is never loaded (unpickling a file can "
+                f"run code); {instead}"
+            ) from None
+        raise DataError(f"{path}: not a readable .npy file (its header or size is not NumPy's)") from None
+    except (OSError, EOFError) as error:
+        raise DataError(f"{path}: not a readable .npy file ({_reason(error)})") from None
+    raise DataError(f"{path}: not a readable .npy file (no NumPy header: np.save writes one)")
+
+
 def _text_or_npy(directory: Path, stem: str, *, role: str) -> Column | None:
     """``stem.npy`` (1-D) or ``stem.txt`` (a value per line) in ``directory``; None when neither exists."""
     npy, txt = directory / f"{stem}.npy", directory / f"{stem}.txt"
-    if npy.is_file():
-        try:
-            # Object arrays (e.g. pandas' string columns with gaps) are pickled by np.save: the user's own
-            # file, read by the user's own command, so unpickling it is theirs to allow.
-            values = np.load(npy, allow_pickle=True)
-        except (OSError, ValueError, EOFError) as error:
-            raise DataError(f"{npy}: not a readable .npy file: {error}") from error
+    if os.path.lexists(npy):
+        instead = (
+            f"save the {role} as strings, np.save(path, np.asarray({role}, dtype=str)), or one per line "
+            f"in {stem}.txt"
+        )
+        values = _load_npy(npy, directory=directory, mmap=False, instead=instead)
         if values.ndim != 1 and not (values.ndim == 2 and values.shape[1] == 1):
             raise DataError(f"{npy}: shape {values.shape}; {role} are one value per sample, shape (N,)")
         return Column(values.reshape(-1), str(npy))
-    if txt.is_file():
-        return Column(_lines(txt, role=role, keep_blank=True), str(txt))
+    if os.path.lexists(txt):
+        return Column(_lines(txt, directory=directory, role=role, keep_blank=True), str(txt))
     return None
 
 
-def _lines(path: Path, *, role: str, keep_blank: bool = False) -> list[str]:
+def _lines(path: Path, *, directory: Path, role: str, keep_blank: bool = False) -> list[str]:
+    _regular_file(path, directory=directory)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
-        raise DataError(f"{path}: not a readable text file of {role}: {error}") from error
+        raise DataError(f"{path}: not a readable text file of {role} ({_reason(error)})") from None
     lines = [line.strip() for line in text.splitlines()]
     if not keep_blank:
         lines = [line for line in lines if line]
@@ -259,7 +292,7 @@ def read_parquet(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    path = Path(path)
+    path = _regular_file(Path(path))
     try:
         # Streamed, one buffer at a time, rather than a whole column chunk buffered ahead: with the batch
         # conversion below, reading costs the float32 data plus a few batches, however large the file.
@@ -278,9 +311,9 @@ def read_parquet(
     for name in names:
         if name not in columns or name in reserved:
             raise DataError(f"{path}: no view column {name!r} (columns: {', '.join(columns)})")
-        _check_view_name(name, where=f"{path} column {name!r}")
     if not names:
         raise DataError(f"{path}: no view columns beside the label column {label_column!r}")
+    _check_views(names, path, where=lambda name: f"{path} column {name!r}")
     num_rows = file.metadata.num_rows
     # glibc's allocator hands a freed batch back to the system at once; arrow's default pool (mimalloc)
     # keeps it for reuse, which raised the peak of reading a 1024-wide column by half the data's size.
@@ -545,12 +578,64 @@ def _check_block(block: np.ndarray, *, where: str, offset: int) -> None:
         )
 
 
+def _check_views(names: Sequence[str], source: Path, *, where: Callable[[str], str]) -> None:
+    """At most :data:`MAX_VIEWS` views, each named as the API takes it; ``where(name)`` says where it is."""
+    if len(names) > MAX_VIEWS:
+        shown = ", ".join(names[:5])
+        raise DataError(
+            f"{source}: {len(names)} views ({shown}, ...); fit takes at most {MAX_VIEWS}: pick some with "
+            "--views, or keep each view's features together (one (N, d) .npy matrix, or one Parquet column "
+            "of lists of numbers, per view: a plain numeric column is a view of one feature)"
+        )
+    for name in names:
+        _check_view_name(name, where=where(name))
+
+
 def _check_view_name(name: str, *, where: str) -> None:
     if not re.fullmatch(NAME_PATTERN.strip("^$"), name):
         raise DataError(
             f"{where}: {name!r} is not a valid view name for the API (letters, digits, '_', '.' and '-', "
             "starting with a letter or digit); rename the file or column"
         )
+
+
+def _regular_file(path: Path, *, directory: Path | None = None) -> Path:
+    """``path`` if it is a regular file, checked before anything opens it (opening a FIFO waits for a writer).
+
+    With ``directory`` (the data directory holding ``path``), a symbolic link must stay inside it: a link out
+    would read, and quote in messages, a file that is not the data's.
+
+    Raises
+    ------
+    DataError
+        Naming the file and what it is (a link out, a FIFO, a device, a directory), never what it holds.
+    """
+    if directory is not None and path.is_symlink():
+        try:
+            inside = path.resolve(strict=True).is_relative_to(directory.resolve(strict=True))
+        except (OSError, RuntimeError):  # a dangling link, or a loop
+            inside = False
+        if not inside:
+            raise DataError(
+                f"{path}: a symbolic link out of {directory}; fit reads only the data directory's own files "
+                "(copy the file in)"
+            )
+    try:
+        mode = path.stat().st_mode
+    except OSError as error:
+        raise DataError(f"{path}: cannot be read ({_reason(error)})") from None
+    if not stat.S_ISREG(mode):
+        raise DataError(f"{path}: {_FILE_KINDS.get(stat.S_IFMT(mode), 'a special file')}, not a regular file")
+    return path
+
+
+def _reason(error: BaseException) -> str:
+    """Why reading a file failed, in words that quote nothing of what it holds."""
+    if isinstance(error, UnicodeDecodeError):
+        return f"byte {error.start} is not UTF-8"
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    return "it ends too early"
 
 
 def _check_rows(views: dict[str, Column], labels: Column) -> None:
