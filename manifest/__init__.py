@@ -75,6 +75,20 @@ class ConflictFlag(_Strict):
     test: FlagRates
 
 
+class OutOfRange(_Strict):
+    """When a view of a sample is ``out_of_range``, and fused as if it were missing: its head's
+    ``range_excess`` (the root mean square of its features' distances outside the training range, in units
+    of each feature's training span; ``training.export.head_to_onnx``) is above ``threshold``, or not a
+    number. Heads exported without that output are never out of range."""
+
+    threshold: float = Field(
+        default=0.2,
+        gt=0,
+        description="the largest range_excess still in range (the default is chosen on the committed models' "
+        "data: README, 'Running it in production')",
+    )
+
+
 class Metrics(_Strict):
     acc_normal: float = Field(ge=0, le=1, description="accuracy on the clean held-out test split")
     acc_conflict: float = Field(ge=0, le=1, description="accuracy on its conflictive copy")
@@ -226,6 +240,9 @@ class Manifest(_Strict):
     calibration: Calibration | None = Field(
         default=None, description="calibrated confidence and conformal sets; required from schema version 2"
     )
+    out_of_range: OutOfRange = Field(
+        default=OutOfRange(), description="when a view's features are too far outside its training range"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -263,8 +280,11 @@ class Manifest(_Strict):
         """The canonical file text: sorted keys, two-space indent, a final newline (stable bytes)."""
         import json
 
-        # A version 1 manifest is written without the keys version 2 added, byte for byte as before.
-        absent = {"calibration", "version"} if self.schema_version == 1 else None
+        # A version 1 manifest is written without the keys version 2 added, byte for byte as before; so is
+        # one written before `out_of_range` existed (its default applies, unwritten).
+        absent = {"calibration", "version"} if self.schema_version == 1 else set()
+        if "out_of_range" not in self.model_fields_set:
+            absent.add("out_of_range")
         content = self.model_dump(mode="json", by_alias=True, exclude=absent)
         return json.dumps(content, indent=2, sort_keys=True) + "\n"
 
@@ -292,6 +312,7 @@ __all__ = [
     "IsotonicCalibration",
     "Manifest",
     "Metrics",
+    "OutOfRange",
     "TemperatureCalibration",
     "ViewEntry",
     "json_schema_text",

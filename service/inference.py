@@ -89,7 +89,8 @@ class InferenceRequest:
 class Result:
     """Per-sample answers as arrays (N samples, V views, K classes); :meth:`rows` slices them."""
 
-    present: np.ndarray  # (N, V) bool
+    present: np.ndarray  # (N, V) bool, the views sent
+    out_of_range: np.ndarray  # (N, V) bool, views sent but too far outside their training range: not fused
     label: np.ndarray  # (N,) int
     probability: np.ndarray  # (N, K)
     belief: np.ndarray  # (N, K)
@@ -108,6 +109,11 @@ class Result:
 
     def __len__(self) -> int:
         return self.label.shape[0]
+
+    @cached_property
+    def fused_views(self) -> np.ndarray:
+        """(N, V) bool: the views that went into the fusion, those sent and in range."""
+        return self.present & ~self.out_of_range
 
     def rows(self, start: int, stop: int) -> Result:
         sliced = {name: getattr(self, name)[start:stop] for name in _PER_SAMPLE}

@@ -21,6 +21,11 @@ FLAGGED_BY_VIEW = Counter(
     "Flagged samples by the view most to blame, to name a failing modality.",
     ["model", "view"],
 )
+OUT_OF_RANGE = Counter(
+    "dbf_out_of_range",
+    "Views sent too far outside their training range, fused as if missing: data unlike the training data.",
+    ["model", "view"],
+)
 UNCERTAINTY = Histogram(
     "dbf_fused_uncertainty", "Fused uncertainty per sample.", ["model", "method"], buckets=_UNIT
 )
@@ -101,6 +106,7 @@ def initialise(
         for view in views:
             FLAGGED_BY_VIEW.labels(model, view)
             VIEW_DISCOUNT.labels(model, view)
+            OUT_OF_RANGE.labels(model, view)
     for reason in reasons:
         ERRORS.labels(reason=reason)
     for outcome in ("success", "failure"):
@@ -131,6 +137,7 @@ def describe_models(heads: Iterable[tuple[str, str, str]]) -> None:
 class ViewChildren:
     discount: Histogram
     flagged: Counter
+    out_of_range: Counter
 
 
 @dataclass(frozen=True)
@@ -155,7 +162,14 @@ def _children(model: str, method: str, views: tuple[str, ...]) -> ModelChildren:
         MAX_CONFLICT.labels(model, method),
         CONFIDENCE.labels(model),
         SET_SIZE.labels(model),
-        tuple(ViewChildren(VIEW_DISCOUNT.labels(model, v), FLAGGED_BY_VIEW.labels(model, v)) for v in views),
+        tuple(
+            ViewChildren(
+                VIEW_DISCOUNT.labels(model, v),
+                FLAGGED_BY_VIEW.labels(model, v),
+                OUT_OF_RANGE.labels(model, v),
+            )
+            for v in views
+        ),
     )
 
 

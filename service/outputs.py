@@ -97,9 +97,10 @@ def _class_names(result: Result, signature: ModelSignature) -> list[str]:
 
 
 def _present_conflict(result: Result, _: ModelSignature) -> list:
-    """The V x V matrix per sample, with ``None`` rows and columns for views the sample lacked."""
+    """The V x V matrix per sample, with ``None`` rows and columns for views not fused (not sent, or out of
+    range)."""
     rows = []
-    for matrix, present in zip(result.conflict.tolist(), result.present.tolist(), strict=True):
+    for matrix, present in zip(result.conflict.tolist(), result.fused_views.tolist(), strict=True):
         if all(present):
             rows.append(matrix)
             continue
@@ -116,7 +117,16 @@ def _present_discount(result: Result, signature: ModelSignature) -> list[dict[st
     names = signature.view_names
     return [
         {name: eta[v] for v, name in enumerate(names) if present[v]}
-        for eta, present in zip(result.discount.tolist(), result.present.tolist(), strict=True)
+        for eta, present in zip(result.discount.tolist(), result.fused_views.tolist(), strict=True)
+    ]
+
+
+def _out_of_range_names(result: Result, signature: ModelSignature) -> list[list[str]]:
+    if not result.out_of_range.any():  # the usual answer: one shared empty list, only ever encoded
+        return [[]] * len(result)
+    names = signature.view_names
+    return [
+        [name for name, out in zip(names, row, strict=True) if out] for row in result.out_of_range.tolist()
     ]
 
 
@@ -153,7 +163,7 @@ def _view_opinions(result: Result, signature: ModelSignature) -> list[dict[str, 
         for belief, uncertainty, present in zip(
             result.view_belief.tolist(),
             result.view_uncertainty.tolist(),
-            result.present.tolist(),
+            result.fused_views.tolist(),
             strict=True,
         )
     ]
@@ -188,14 +198,14 @@ OUTPUTS: tuple[Output, ...] = (
     Output(
         "conflict",
         "degree of conflict between views (0 agree .. 1 confident and opposite); v1: null rows and columns "
-        "for views not sent, v2: 0 there",
+        "for views not fused (not sent, or out of range), v2: 0 there",
         Tensor("FP32", lambda k, v: (v, v), _as("conflict", "FP32")),
         Field(list[list[float | None] | None], _present_conflict),
     ),
     Output(
         "discount",
-        "how far DBF trusted each view (1 fully, near 0 its belief became uncertainty); v1: views sent "
-        "only, v2: 1 where a view is missing",
+        "how far DBF trusted each view (1 fully, near 0 its belief became uncertainty); v1: views fused "
+        "only, v2: 1 where a view is missing or out of range",
         Tensor("FP32", _views, _as("discount", "FP32")),
         Field(dict[str, float], _present_discount),
     ),
@@ -229,18 +239,25 @@ OUTPUTS: tuple[Output, ...] = (
         calibrated=True,
     ),
     Output(
+        "out_of_range",
+        "views sent whose features lie too far outside their training range (the manifest's "
+        "out_of_range.threshold) to be trusted: fused as if missing (v1: their names, v2: per view)",
+        Tensor("BOOL", _views, _as("out_of_range", "BOOL")),
+        Field(list[str], _out_of_range_names),
+    ),
+    Output(
         "views",
-        "each view sent: its own belief and uncertainty before fusion",
+        "each view fused: its own belief and uncertainty before fusion",
         field=Field(dict[str, ViewOpinion], _view_opinions, lambda k, v: (v, k + 1)),
     ),
     Output(
         "view_belief",
-        "each view's own belief before fusion (0 where a view is missing)",
+        "each view's own belief before fusion (0 where a view is missing or out of range)",
         Tensor("FP32", lambda k, v: (v, k), _as("view_belief", "FP32")),
     ),
     Output(
         "view_uncertainty",
-        "each view's own uncertainty before fusion (1 where a view is missing)",
+        "each view's own uncertainty before fusion (1 where a view is missing or out of range)",
         Tensor("FP32", _views, _as("view_uncertainty", "FP32")),
     ),
 )

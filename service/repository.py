@@ -31,6 +31,9 @@ log = logging.getLogger("dbf.repository")
 
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
+RANGE_EXCESS = "range_excess"
+HEAD_OUTPUTS = (["evidence"], ["evidence", RANGE_EXCESS])
+"""What a head may give: evidence, and from heads exported with range checks its range excess."""
 
 
 class ModelLoadError(RuntimeError):
@@ -44,6 +47,8 @@ class LoadedModel:
     sessions: dict[str, onnxruntime.InferenceSession] = field(repr=False)
     providers: dict[str, str]  # view -> the provider that really runs it
     calibration: ModelCalibration | None = field(default=None, repr=False)  # None: manifest schema 1
+    # view -> what its head gives: evidence, and range_excess unless exported before range checks existed
+    outputs: dict[str, list[str]] = field(default_factory=dict, repr=False)
 
     @property
     def name(self) -> str:
@@ -190,19 +195,27 @@ def load_repository(settings: Settings) -> Repository:
     for path, manifest, verified in manifests:
         if manifest.name in models:
             raise ModelLoadError(f"{path}: model name {manifest.name!r} is used twice")
-        sessions, providers = {}, {}
+        sessions, providers, outputs = {}, {}, {}
         for view in manifest.views:
             file = path.parent / view.file
             session = _session(file, verified[view.name], settings, use_cuda)
-            _check_signature(session, file, view.dim, len(manifest.classes))
-            _check_probe(session, file, view.dim, len(manifest.classes))
+            outputs[view.name] = _check_signature(session, file, view.dim, len(manifest.classes))
+            _check_probe(session, file, view.dim, len(manifest.classes), outputs[view.name])
             sessions[view.name] = session
             providers[view.name] = session.get_providers()[0]
         models[manifest.name] = LoadedModel(
-            manifest, path.parent, sessions, providers, _calibration(path, manifest)
+            manifest, path.parent, sessions, providers, _calibration(path, manifest), outputs
         )
         used = ", ".join(sorted(set(providers.values())))
         log.info("loaded model %s (%s) from %s", manifest.name, used, path.parent)
+        unchecked = [view for view, names in outputs.items() if RANGE_EXCESS not in names]
+        if unchecked:
+            log.warning(
+                "model %s: the heads of %s give no range_excess (exported before range checks): features "
+                "outside their training range are not detected there",
+                manifest.name,
+                ", ".join(unchecked),
+            )
     default = settings.default_model if settings.default_model in models else next(iter(models))
     if default != settings.default_model:
         log.warning("default model %r not found; serving %r as the default", settings.default_model, default)
@@ -274,27 +287,37 @@ def _cuda_usable(probe: bytes) -> bool:
     return usable
 
 
-def _check_signature(session: onnxruntime.InferenceSession, file: Path, dim: int, classes: int) -> None:
+def _check_signature(session: onnxruntime.InferenceSession, file: Path, dim: int, classes: int) -> list[str]:
+    """The head's outputs, ``evidence`` and, from heads exported with range checks, ``range_excess``."""
     inputs, outputs = session.get_inputs(), session.get_outputs()
-    if [i.name for i in inputs] != ["features"] or [o.name for o in outputs] != ["evidence"]:
+    names = [o.name for o in outputs]
+    if [i.name for i in inputs] != ["features"] or names not in HEAD_OUTPUTS:
         raise ModelLoadError(
-            f"{file}: takes {[i.name for i in inputs]} and gives {[o.name for o in outputs]}; "
-            "a head takes one input 'features' and gives one output 'evidence'"
+            f"{file}: takes {[i.name for i in inputs]} and gives {names}; a head takes one input "
+            f"'features' and gives the output 'evidence', and may give '{RANGE_EXCESS}' after it"
         )
-    [inp], [out] = inputs, outputs
+    [inp], out = inputs, outputs[0]
     if inp.type != "tensor(float)" or len(inp.shape) != 2 or inp.shape[1] != dim:
         raise ModelLoadError(f"{file}: input is {inp.type} {inp.shape}, manifest says float32 (N, {dim})")
     if len(out.shape) != 2 or out.shape[1] != classes:
         raise ModelLoadError(f"{file}: output is {out.shape}, manifest says (N, {classes})")
+    if len(outputs) > 1 and (outputs[1].type != "tensor(float)" or len(outputs[1].shape) != 1):
+        raise ModelLoadError(
+            f"{file}: {RANGE_EXCESS} is {outputs[1].type} {outputs[1].shape}, a head's is float32 (N,)"
+        )
+    return names
 
 
-def _check_probe(session: onnxruntime.InferenceSession, file: Path, dim: int, classes: int) -> None:
+def _check_probe(
+    session: onnxruntime.InferenceSession, file: Path, dim: int, classes: int, outputs: list[str]
+) -> None:
     """Run the head on a batch of zeros, as an absent view is sent to it: a graph whose declared shapes
     say (N, K) but whose real output is narrower (broadcast silently) or wider (an error on every request),
-    that takes no batch of two, or that gives negative or non-finite evidence, is refused here, not served."""
+    that takes no batch of two, that gives negative or non-finite evidence, or a range excess not one
+    non-negative number per sample, is refused here, not served."""
     probe = np.zeros((2, dim), dtype=np.float32)
     try:
-        [evidence] = session.run(["evidence"], {"features": probe})
+        evidence, *excess = session.run(outputs, {"features": probe})
     except Exception as error:  # onnxruntime raises its own exception types
         raise ModelLoadError(f"{file}: fails on a probe batch of 2 samples of zeros: {error}") from error
     if evidence.shape != (2, classes):
@@ -305,4 +328,9 @@ def _check_probe(session: onnxruntime.InferenceSession, file: Path, dim: int, cl
         raise ModelLoadError(
             f"{file}: gives negative or non-finite evidence for features of zeros (an absent view's): "
             f"{evidence[0, :8].tolist()}{' ...' if classes > 8 else ''}"
+        )
+    if excess and (excess[0].shape != (2,) or not (excess[0] >= 0).all()):
+        raise ModelLoadError(
+            f"{file}: gives {RANGE_EXCESS} of shape {excess[0].shape} for 2 samples of zeros, starting "
+            f"{excess[0].ravel()[:4].tolist()}; a head's is one non-negative number per sample"
         )

@@ -15,27 +15,34 @@ from service.repository import LoadedModel
 
 
 def predict(model: LoadedModel, request: InferenceRequest) -> Result:
-    """Run the heads on the rows that carry each view, fuse, flag, calibrate, and record the metrics."""
+    """Run the heads on the rows that carry each view, fuse the views in range, flag, calibrate, and record
+    the metrics."""
     manifest = model.manifest
     n, k = len(request), len(manifest.classes)
     evidence = np.zeros((n, len(manifest.views), k), dtype=np.float32)
+    excess = np.zeros((n, len(manifest.views)), dtype=np.float32)  # 0: in range, or not checked
     complete = bool(request.present.all())  # the common case: no masks to apply (fusion's fixed cost -40%)
     for v, view in enumerate(manifest.views):
-        if complete:
-            evidence[:, v] = model.sessions[view.name].run(
-                ["evidence"], {"features": request.features[view.name]}
-            )[0]
-            continue
-        rows = request.present[:, v]  # the view's features are those rows' only
-        if rows.any():
-            features = request.features[view.name]
-            evidence[rows, v] = model.sessions[view.name].run(["evidence"], {"features": features})[0]
+        rows = slice(None) if complete else request.present[:, v]  # the view's features are those rows' only
+        if complete or rows.any():
+            outputs = model.outputs[view.name]
+            evidence[rows, v], *checked = model.sessions[view.name].run(
+                outputs, {"features": request.features[view.name]}
+            )
+            if checked:
+                excess[rows, v] = checked[0]
     finite = np.isfinite(evidence).all(-1)
     if not finite.all():  # features in float32's range can still overflow a head (inf - inf in its matmul)
         i, v = map(int, np.argwhere(~finite)[0])
         raise InvalidInput("features too large for the model (its evidence overflows)", sample=i, view=v)
+    # A view far outside its training range is fused as if missing: its head's certainty there means nothing.
+    out_of_range = ~(excess <= manifest.out_of_range.threshold)  # NaN is out of range too
+    present = request.present
+    if out_of_range.any():
+        present, complete = present & ~out_of_range, False
+        evidence[out_of_range] = 0.0  # its own opinion, reported per view, becomes vacuous as well
     opinions = opinion_from_evidence(evidence)
-    mask = None if complete else request.present  # all present: the same fusion, without the masking
+    mask = None if complete else present  # all present: the same fusion, without the masking
     fused = fuse(opinions, request.method, lam=request.lam, mask=mask)
     flag, calibration = manifest.conflict_flag, model.calibration
     max_conflict = fused.conflict.max(axis=(-1, -2))  # the same for every method and lambda
@@ -49,8 +56,9 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
         reference = fuse(opinions, manifest.fusion.method, lam=manifest.fusion.lam, mask=mask)
     score = reference.uncertainty if flag.score == "uncertainty" else max_conflict
     flagged = score >= flag.threshold
-    # The view most to blame: the one in most conflict with the others (for DBF, the most discounted).
-    blame = np.where(request.present, fused.conflict.sum(-1), -1.0).argmax(-1)
+    # The view most to blame: the one in most conflict with the others (for DBF, the most discounted); where
+    # none was fused (a vacuous answer, flagged by an uncertainty score), one out of range.
+    blame = np.where(present, fused.conflict.sum(-1), out_of_range * 0.5 - 1.0).argmax(-1)
     if calibration is not None:
         confidence = calibration.confidence(reference.belief, reference.uncertainty).astype(np.float32)
         coverage = calibration.default_coverage if request.coverage is None else request.coverage
@@ -58,9 +66,12 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
     else:
         confidence, coverage = np.full(n, np.nan, np.float32), None
         sets = np.zeros((n, k), dtype=bool)
-    _record(model, request, fused, max_conflict, flagged, blame, confidence, sets, complete=complete)
+    _record(
+        model, request, fused, max_conflict, flagged, blame, confidence, sets, out_of_range, present, complete
+    )
     return Result(
         present=request.present,
+        out_of_range=out_of_range,
         label=fused.probability.argmax(-1),
         probability=fused.probability,
         belief=fused.belief,
@@ -79,8 +90,11 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
     )
 
 
-def _record(model, request, fused, max_conflict, flagged, blame, confidence, sets, *, complete) -> None:
-    """Per-sample metrics, observed in bulk (one histogram update per bucket, not per sample)."""
+def _record(
+    model, request, fused, max_conflict, flagged, blame, confidence, sets, out_of_range, fused_views, complete
+) -> None:
+    """Per-sample metrics, observed in bulk (one histogram update per bucket, not per sample); ``fused_views``
+    (N, V) the views fused, all of them where ``complete``."""
     children = metrics.children(
         model.manifest.name, request.method, [view.name for view in model.manifest.views]
     )
@@ -89,12 +103,16 @@ def _record(model, request, fused, max_conflict, flagged, blame, confidence, set
     unit, values = [children.uncertainty, children.max_conflict], [fused.uncertainty, max_conflict]
     for v, view_children in enumerate(children.views):
         unit.append(view_children.discount)
-        values.append(fused.discount[:, v] if complete else fused.discount[request.present[:, v], v])
+        values.append(fused.discount[:, v] if complete else fused.discount[fused_views[:, v], v])
     if model.calibration is not None:
         unit.append(children.confidence)
         values.append(confidence)
         metrics.observe_many([children.set_size], [sets.sum(-1)])
     metrics.observe_many(unit, values)
+    if out_of_range.any():
+        for view_children, count in zip(children.views, out_of_range.sum(0).tolist(), strict=True):
+            if count:
+                view_children.out_of_range.inc(count)
     if flagged.any():
         blamed = np.bincount(blame[flagged], minlength=len(children.views)).tolist()
         children.high_conflict.inc(sum(blamed))

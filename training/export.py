@@ -2,7 +2,9 @@
 
 Each head's graph takes the view's raw features, float32 ``(N, dim)`` with a dynamic batch axis, and returns
 evidence float32 ``(N, K)``: the min-max scaling fitted on the training split and the activation are inside
-the graph, so the service feeds features exactly as the data stores them. The graphs are built node by node
+the graph, so the service feeds features exactly as the data stores them. A second output, ``range_excess``
+float32 ``(N,)``, says how far each sample lies outside the training range (:func:`head_to_onnx`), for the
+service to refuse certainty about features unlike any it was trained on. The graphs are built node by node
 with ``onnx.helper`` (linear layers, ReLU, the capped exponential): small, readable, and the same bytes for
 the same weights. Nothing is written unless every head matches its torch original (max relative error 1e-4)
 under onnxruntime, and the entry appears all at once (:func:`write_model`). :mod:`training.fit` trains what
@@ -50,7 +52,13 @@ class ModelDirError(ValueError):
 def head_to_onnx(head: ViewHead, minimum: np.ndarray, maximum: np.ndarray, *, view: str):
     """The ONNX graph of ``head`` with min-max scaling (``minimum``, ``maximum`` per feature) in front.
 
-    Input ``features`` float32 ``(batch, dim)``, output ``evidence`` float32 ``(batch, K)``.
+    Input ``features`` float32 ``(batch, dim)``; outputs ``evidence`` float32 ``(batch, K)`` and
+    ``range_excess`` float32 ``(batch,)``: the root mean square, over the features that vary in training, of
+    each feature's distance outside its training range in units of that range's span (0 for a sample inside
+    the range; constant features never count). The root mean square rather than the largest distance: in
+    wide views of heavy-tailed features (CUB's image embedding) a clean test sample can have one feature
+    farther out than any feature of the README's nonsense example, several of whose features lie below
+    anything seen; the mean over the features tells the two apart (the README has the figures).
     """
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -58,10 +66,23 @@ def head_to_onnx(head: ViewHead, minimum: np.ndarray, maximum: np.ndarray, *, vi
     span = np.asarray(maximum, np.float64) - np.asarray(minimum, np.float64)
     # The scaler maps constant features to 0: multiply by 0 there instead of dividing by 0.
     inverse_span = np.where(span > 0, 1.0 / np.where(span > 0, span, 1.0), 0.0).astype(np.float32)
-    constants = {"minimum": np.asarray(minimum, np.float32), "inverse_span": inverse_span}
+    varying = max(int(np.count_nonzero(span > 0)), 1)
+    constants = {
+        "minimum": np.asarray(minimum, np.float32),
+        "inverse_span": inverse_span,
+        "zero": np.array(0.0, np.float32),
+        "one": np.array(1.0, np.float32),
+        "inverse_varying": np.array(1.0 / varying, np.float32),
+    }
     nodes = [
         helper.make_node("Sub", ["features", "minimum"], ["shifted"]),
         helper.make_node("Mul", ["shifted", "inverse_span"], ["h0"]),
+        # The signed distance outside [0, 1] (squared next, so its sign does not matter): two passes.
+        helper.make_node("Clip", ["h0", "zero", "one"], ["inside"]),
+        helper.make_node("Sub", ["h0", "inside"], ["outside"]),
+        helper.make_node("ReduceSumSquare", ["outside"], ["outside_squared"], axes=[1], keepdims=0),
+        helper.make_node("Mul", ["outside_squared", "inverse_varying"], ["outside_mean_square"]),
+        helper.make_node("Sqrt", ["outside_mean_square"], ["range_excess"]),
     ]
     linears = [module for module in head.net if isinstance(module, nn.Linear)]
     current = "h0"
@@ -91,7 +112,10 @@ def head_to_onnx(head: ViewHead, minimum: np.ndarray, maximum: np.ndarray, *, vi
         nodes,
         f"{view}_evidential_head",
         [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", dim])],
-        [helper.make_tensor_value_info("evidence", TensorProto.FLOAT, ["batch", classes])],
+        [
+            helper.make_tensor_value_info("evidence", TensorProto.FLOAT, ["batch", classes]),
+            helper.make_tensor_value_info("range_excess", TensorProto.FLOAT, ["batch"]),
+        ],
         initializer=[numpy_helper.from_array(value, name) for name, value in constants.items()],
     )
     model = helper.make_model(
@@ -283,6 +307,18 @@ def provenance() -> dict[str, str]:
 
 def exported_evidence(model_dir: str | os.PathLike[str], views: Mapping[str, np.ndarray]) -> np.ndarray:
     """Evidence ``(N, V, K)`` of an exported model on raw features (a reader for tests and checks)."""
+    return _exported_output(model_dir, views, "evidence")
+
+
+def exported_range_excess(model_dir: str | os.PathLike[str], views: Mapping[str, np.ndarray]) -> np.ndarray:
+    """``range_excess`` ``(N, V)`` of an exported model on raw features (see :func:`head_to_onnx`)."""
+    return _exported_output(model_dir, views, "range_excess")
+
+
+def _exported_output(
+    model_dir: str | os.PathLike[str], views: Mapping[str, np.ndarray], output: str
+) -> np.ndarray:
+    """Each view's head's ``output`` on raw features, stacked on axis 1 in the manifest's view order."""
     import onnxruntime
 
     model_dir = Path(model_dir)
@@ -292,7 +328,7 @@ def exported_evidence(model_dir: str | os.PathLike[str], views: Mapping[str, np.
         session = onnxruntime.InferenceSession(
             str(model_dir / entry.file), providers=["CPUExecutionProvider"]
         )
-        out.append(session.run(["evidence"], {"features": np.asarray(views[entry.name], np.float32)})[0])
+        out.append(session.run([output], {"features": np.asarray(views[entry.name], np.float32)})[0])
     return np.stack(out, axis=1)
 
 
@@ -302,6 +338,7 @@ __all__: Sequence[str] = [
     "check_model_dir",
     "check_parity",
     "exported_evidence",
+    "exported_range_excess",
     "head_to_onnx",
     "provenance",
     "write_model",

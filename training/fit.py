@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from fusion import fuse, opinion_from_evidence
-from manifest import NAME_PATTERN, FusionDefaults, Manifest, Metrics, ViewEntry
+from manifest import NAME_PATTERN, FusionDefaults, Manifest, Metrics, OutOfRange, ViewEntry
 from training.calibrate import (
     FlagScores,
     FusedSplit,
@@ -134,6 +134,7 @@ class FitReport:
             fusion=FusionDefaults(method=self.config.method, lam=self.config.lam),
             conflict_flag=self.calibration.conflict_flag(self.test_scores),
             calibration=self.calibration.calibration(self.test),
+            out_of_range=OutOfRange(),  # written out: the threshold is part of the model's contract
             metrics=self.metrics,
             training=self.training(),
             provenance=provenance(),

@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from fusion import Opinion
-from manifest import SCHEMA_VERSION, Calibration, Manifest
+from manifest import SCHEMA_VERSION, Calibration, Manifest, OutOfRange
 from training.calibrate import FusedSplit, fit_calibration
 
 COMMITTED = Path(__file__).resolve().parents[2] / "models" / "handwritten" / "manifest.json"
@@ -53,6 +53,16 @@ def test_version_1_manifests_load_and_are_written_byte_for_byte_as_before():
     loaded = Manifest.model_validate_json(text)
     assert (loaded.schema_version, loaded.calibration) == (1, None)
     assert loaded.json_text() == text
+
+
+def test_manifests_from_before_out_of_range_take_its_default_and_are_written_as_they_were():
+    current = COMMITTED.read_text()
+    before = {k: v for k, v in json.loads(current).items() if k != "out_of_range"}
+    text = json.dumps(before, indent=2, sort_keys=True) + "\n"
+    loaded = Manifest.model_validate_json(text)
+    assert loaded.out_of_range == OutOfRange() and loaded.out_of_range.threshold == 0.2
+    assert loaded.json_text() == text
+    assert Manifest.model_validate_json(current).json_text() == current  # written out when given
 
 
 def test_version_and_section_must_agree(section):

@@ -14,7 +14,7 @@ from calibration import CoverageError, conformal_rank
 from manifest import Manifest
 from service.client import Client
 from service.v2 import decode_response, encode_request
-from tests.service.conftest import MODELS, serving
+from tests.service.conftest import MODELS, in_range_samples, serving
 from tests.service.test_service import HANDWRITTEN_DIMS, metric
 
 MANIFEST = Manifest.model_validate_json((MODELS / "handwritten" / "manifest.json").read_text())
@@ -28,8 +28,7 @@ def url():
 
 
 def samples(n: int, seed: int = 0, views=HANDWRITTEN_DIMS) -> list[dict]:
-    rng = np.random.default_rng(seed)
-    return [{"views": {k: rng.random(d).tolist() for k, d in views.items()}} for _ in range(n)]
+    return in_range_samples(n, seed, views=views)
 
 
 def predict(url: str, body: dict) -> httpx.Response:

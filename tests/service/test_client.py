@@ -29,7 +29,7 @@ def test_sync_client(url):
         assert isinstance(p, Prediction)
         assert p.class_name in client.models()["models"][0]["classes"]
         assert set(p.views) == {"image", "text"} and 0 <= p.uncertainty <= 1
-        result = client.predict_batch([CUB, {"text": [0.5] * 300}], model="cub", lam=3.0)
+        result = client.predict_batch([CUB, {"text": [0.1] * 300}], model="cub", lam=3.0)
         assert (result.model, result.method, result.lam, len(result.predictions)) == ("cub", "dbf", 3.0, 2)
         assert result.predictions[1].conflict[0] is None and set(result.predictions[1].discount) == {"text"}
         with pytest.raises(DBFError) as error:

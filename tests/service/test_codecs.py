@@ -42,6 +42,7 @@ def result(n: int = 2, present: list[list[bool]] | None = None) -> Result:
     flagged = np.arange(n) % 2 == 0
     return Result(
         present=mask,
+        out_of_range=np.zeros_like(mask),
         label=np.arange(n) % 3,
         probability=rng.random((n, 3), dtype=np.float32),
         belief=rng.random((n, 3), dtype=np.float32),

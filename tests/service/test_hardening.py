@@ -19,7 +19,7 @@ import pytest
 
 from service.app import create_app
 from service.settings import Settings
-from tests.service.conftest import free_port, running_service, serving
+from tests.service.conftest import free_port, in_range_samples, running_service, serving
 from tests.service.test_service import HANDWRITTEN_DIMS, zeros_sample
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -27,8 +27,7 @@ HANDWRITTEN = str(MODELS / "handwritten")
 
 
 def random_samples(n: int, seed: int = 0) -> list[dict]:
-    rng = np.random.default_rng(seed)
-    return [{"views": {k: rng.random(d).tolist() for k, d in HANDWRITTEN_DIMS.items()}} for _ in range(n)]
+    return in_range_samples(n, seed)
 
 
 def test_bearer_token_guards_predict_and_models_but_not_probes():

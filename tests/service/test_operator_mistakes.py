@@ -46,8 +46,9 @@ def head(dim: int, width: int, *, declared: int = 10, bias: float = 0.0) -> byte
     return onnx_head(nodes, [weights, shift, *constants], dim=dim, classes=declared)
 
 
-def any_dim_head(dim: int, classes: int = 10) -> bytes:
-    """A tiny ONNX head that takes (N, ``dim``) features of any size (evidence: their sum times 0, plus 1)."""
+def any_dim_head(dim: int, classes: int = 10, *, excess: float | None = None) -> bytes:
+    """A tiny ONNX head that takes (N, ``dim``) features of any size (evidence: their sum times 0, plus 1);
+    with ``excess``, it gives that ``range_excess`` for every sample too."""
     constants = [
         helper.make_tensor("zeros", TensorProto.FLOAT, [classes], [0.0] * classes),
         helper.make_tensor("ones", TensorProto.FLOAT, [classes], [1.0] * classes),
@@ -58,16 +59,25 @@ def any_dim_head(dim: int, classes: int = 10) -> bytes:
         helper.make_node("Mul", ["total", "zeros"], ["nothing"]),
         helper.make_node("Add", ["nothing", "ones"], ["evidence"]),
     ]
-    return onnx_head(nodes, constants, dim=dim, classes=classes)
+    if excess is None:
+        return onnx_head(nodes, constants, dim=dim, classes=classes)
+    constants.append(helper.make_tensor("excess", TensorProto.FLOAT, [1], [excess]))
+    nodes += [
+        helper.make_node("ReduceSum", ["nothing", "axis"], ["none"], keepdims=0),
+        helper.make_node("Add", ["none", "excess"], ["range_excess"]),
+    ]
+    declared = helper.make_tensor_value_info("range_excess", TensorProto.FLOAT, ["N"])
+    return onnx_head(nodes, constants, dim=dim, classes=classes, more=[declared])
 
 
-def onnx_head(nodes: list, initializers: list, *, dim: int, classes: int) -> bytes:
-    """A head's ONNX file: ``nodes`` from 'features' (N, ``dim``) to 'evidence' declared (N, ``classes``)."""
+def onnx_head(nodes: list, initializers: list, *, dim: int, classes: int, more: list = ()) -> bytes:
+    """A head's ONNX file: ``nodes`` from 'features' (N, ``dim``) to 'evidence' declared (N, ``classes``),
+    and the ``more`` outputs after it."""
     graph = helper.make_graph(
         nodes,
         "head",
         [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["N", dim])],
-        [helper.make_tensor_value_info("evidence", TensorProto.FLOAT, ["N", classes])],
+        [helper.make_tensor_value_info("evidence", TensorProto.FLOAT, ["N", classes]), *more],
         initializer=initializers,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -102,6 +112,10 @@ def set_auroc_over_one(m: dict) -> None:
     m["conflict_flag"]["validation_auroc"]["uncertainty"] = 1.5
 
 
+def set_no_range_threshold(m: dict) -> None:
+    m.setdefault("out_of_range", {})["threshold"] = 0.0
+
+
 BAD_HEADS = {  # the HandWritten view 'mor' (dim 6, 10 classes)
     "narrower than declared": (
         head(6, 9),
@@ -112,12 +126,21 @@ BAD_HEADS = {  # the HandWritten view 'mor' (dim 6, 10 classes)
         "gives evidence of shape (2, 11) for 2 samples; manifest says (2, 10)",
     ),
     "negative evidence": (head(6, 10, bias=-1.0), "gives negative or non-finite evidence"),
+    "negative range excess": (
+        any_dim_head(6, excess=-1.0),
+        "gives range_excess of shape (2,) for 2 samples of zeros, starting [-1.0, -1.0]; a head's is one "
+        "non-negative number per sample",
+    ),
 }
 BAD_NUMBERS = {
     "lambda Infinity": (set_lambda_infinite, "fusion.lambda\n  Input should be a finite number"),
     "AUROC over 1": (
         set_auroc_over_one,
         "validation_auroc.uncertainty\n  Input should be less than or equal to 1",
+    ),
+    "out-of-range threshold 0": (
+        set_no_range_threshold,
+        "out_of_range.threshold\n  Input should be greater than 0",
     ),
 }
 

@@ -41,11 +41,47 @@ def test_graph_reproduces_the_head_on_raw_features(activation, hidden):
     graph = head_to_onnx(head, low, high, view="v").SerializeToString()
     assert check_parity(graph, head, raw, scaled, view="v") <= 1e-4
     session = onnxruntime.InferenceSession(graph, providers=["CPUExecutionProvider"])
-    [inp], [out] = session.get_inputs(), session.get_outputs()
+    [inp], [out, excess] = session.get_inputs(), session.get_outputs()
     assert (inp.name, inp.type, inp.shape) == ("features", "tensor(float)", ["batch", 7])
     assert (out.name, out.shape) == ("evidence", ["batch", 4])
+    assert (excess.name, excess.type, excess.shape) == ("range_excess", "tensor(float)", ["batch"])
     for n in (1, 37):  # dynamic batch axis
-        assert session.run(None, {"features": raw[:n]})[0].shape == (n, 4)
+        assert [a.shape for a in session.run(None, {"features": raw[:n]})] == [(n, 4), (n,)]
+
+
+def _range_excess(raw: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """The rule, in float64: the root mean square over the varying features of each one's distance outside
+    [low, high] in units of high - low."""
+    raw, low, high = (np.asarray(a, np.float64) for a in (raw, low, high))
+    varying = high > low
+    span = (high - low)[varying]
+    outside = (
+        np.maximum(np.maximum(low[varying] - raw[:, varying], raw[:, varying] - high[varying]), 0) / span
+    )
+    return np.sqrt(np.mean(outside**2, axis=1))
+
+
+def test_range_excess_is_the_root_mean_square_distance_outside_the_training_range():
+    """The graph's second output against the rule computed directly, on samples inside the range (0), just
+    outside, far outside, and on constant features (which never count, whatever they are sent)."""
+    rng = np.random.default_rng(3)
+    raw, _, low, high = _raw_and_scaled(rng, n=200, dim=9)  # feature 2 is constant
+    graph = head_to_onnx(ViewHead(9, 3), low, high, view="v").SerializeToString()
+    session = onnxruntime.InferenceSession(graph, providers=["CPUExecutionProvider"])
+    span = high - low
+    samples = np.concatenate(
+        [
+            raw,  # the training data itself: inside
+            low + rng.uniform(-0.5, 1.5, size=(200, 9)) * span,  # up to half a span out
+            low + rng.uniform(-1e4, 1e4, size=(200, 9)) * span,  # far out
+            np.where(np.arange(9) == 2, 1e30, raw[:200]),  # only the constant feature, far out
+        ]
+    ).astype(np.float32)
+    [got] = session.run(["range_excess"], {"features": samples})
+    expected = _range_excess(samples, low, high)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
+    assert (got[:200] == 0).all() and (got[600:] == 0).all()
+    assert (got[200:400] > 0).mean() > 0.9 and (got[400:600] > 1000).all()
 
 
 def test_parity_failure_is_refused():
