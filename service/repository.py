@@ -140,11 +140,48 @@ def repository_fingerprint(model_dir: Path) -> tuple:
 
 
 def find_manifests(model_dir: Path) -> list[Path]:
-    """``model_dir/manifest.json`` if it is one model, else ``model_dir/*/manifest.json``, sorted; hidden
-    folders (staging, ``..data`` of a Kubernetes volume) are not models."""
-    if (model_dir / "manifest.json").is_file():
+    """``model_dir/manifest.json`` if it is one model, else the ``manifest.json`` of each of its folders,
+    sorted. A folder without one is not a model, nor is a hidden folder (staging, ``..data`` of a Kubernetes
+    volume) or a volume's ``lost+found``.
+
+    A folder that is there but cannot be read (no permission, a symlink to nowhere or in a loop, gone while
+    we looked) is a :class:`ModelLoadError` naming it: passed over, it would silently drop the model it
+    holds.
+    """
+    try:
+        names = _names(model_dir)
+    except OSError as error:
+        raise ModelLoadError(f"{model_dir}: cannot read the model directory ({error.strerror})") from error
+    if "manifest.json" in names:
         return [model_dir / "manifest.json"]
-    return sorted(path for path in model_dir.glob("*/manifest.json") if not path.parent.name.startswith("."))
+    manifests = []
+    for name in sorted(names):
+        if name.startswith(".") or name == "lost+found":
+            continue
+        folder = model_dir / name
+        try:
+            inside = _names(folder)
+        except NotADirectoryError:  # a file beside the models (a schema, a README)
+            continue
+        except OSError as error:
+            raise ModelLoadError(
+                f"{folder}: cannot read this model folder ({error.strerror}{_link_target(folder)})"
+            ) from error
+        if "manifest.json" in inside:
+            manifests.append(folder / "manifest.json")
+    return manifests
+
+
+def _names(folder: Path) -> set[str]:
+    with os.scandir(folder) as entries:
+        return {entry.name for entry in entries}
+
+
+def _link_target(path: Path) -> str:
+    try:
+        return f", a symlink to {os.readlink(path)}"
+    except OSError:  # not a symlink (or gone)
+        return ""
 
 
 def read_manifest(path: Path) -> tuple[Manifest, dict[str, bytes]]:
