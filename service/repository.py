@@ -190,22 +190,50 @@ def read_manifest(path: Path) -> tuple[Manifest, dict[str, bytes]]:
     Returns the manifest and the verified bytes per view: sessions are built from these very bytes, so a
     file changed after the check is never loaded.
     """
+    content = _read_file(path, "manifest")
     try:
-        manifest = Manifest.model_validate_json(path.read_bytes())
-    except (OSError, ValidationError, ValueError) as error:
+        manifest = Manifest.model_validate_json(content)
+    except (ValidationError, ValueError) as error:
         raise ModelLoadError(f"{path}: invalid manifest: {error}") from error
     verified = {}
     for view in manifest.views:
         file = path.parent / view.file
-        try:
-            content = file.read_bytes()
-        except OSError as error:
-            raise ModelLoadError(f"{file}: cannot read model file ({error.strerror})") from error
+        content = _read_file(file, "model file")
         digest = hashlib.sha256(content).hexdigest()
         if digest != view.sha256:
             raise ModelLoadError(f"{file}: checksum mismatch (manifest {view.sha256}, file {digest})")
         verified[view.name] = content
     return manifest, verified
+
+
+def _read_file(file: Path, what: str) -> bytes:
+    """The bytes of ``file`` if it is a regular file (or a symlink to one), else :class:`ModelLoadError`
+    naming it. Opened without blocking and checked before any read: a FIFO or a device would block the load
+    for ever (holding the reload lock), or never end."""
+    try:
+        descriptor = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        raise ModelLoadError(f"{file}: cannot read {what} ({error.strerror})") from error
+    try:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            kind = _KINDS.get(stat.S_IFMT(mode), "a special file")
+            raise ModelLoadError(f"{file}: cannot read {what} ({kind}, not a regular file)")
+        with open(descriptor, "rb", closefd=False) as handle:
+            return handle.read()
+    except OSError as error:
+        raise ModelLoadError(f"{file}: cannot read {what} ({error.strerror})") from error
+    finally:
+        os.close(descriptor)
+
+
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
 
 
 def load_repository(settings: Settings) -> Repository:

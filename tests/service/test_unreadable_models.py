@@ -1,5 +1,6 @@
-"""Black-box: a model folder that is there but cannot be read refuses the reload naming it; it is never
-passed over (that would drop the model it holds)."""
+"""Black-box: a model folder or file that is there but cannot be read, or that is no regular file (a FIFO,
+which blocks whoever reads it), refuses the load naming it, at start-up and at a reload; it is never passed
+over (that would drop the model it holds) and never waited on."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service.conftest import service_process
+from tests.service.conftest import MODELS, service_process, serving, start_and_fail
 from tests.service.test_reload import PIE, models, repository
 from tests.service.test_service import metric
 
@@ -67,3 +68,50 @@ def test_an_unreadable_model_folder_fails_the_reload_and_its_model_serves_on(tmp
         assert metric(url, "dbf_model_reloads_total", outcome="failure") == failures + 1
         assert models(url) == ["handwritten", "pie"]
         assert httpx.post(url + "/v1/models/pie/predict", json=PIE).status_code == 200
+
+
+def fifo_head(folder: Path) -> Path:
+    head = folder / "lbp.onnx"
+    head.unlink()
+    os.mkfifo(head)
+    return head
+
+
+def fifo_manifest(folder: Path) -> Path:
+    manifest = folder / "manifest.json"
+    manifest.unlink()
+    os.mkfifo(manifest)
+    return manifest
+
+
+FIFOS = {"a head": fifo_head, "the manifest": fifo_manifest}
+
+
+@pytest.mark.parametrize("case", sorted(FIFOS))
+def test_a_fifo_fails_the_reload_at_once_and_holds_nothing(tmp_path, case):
+    """A FIFO blocks whoever opens it for reading until someone writes: read, it would hang the reload for
+    ever, and with it the reload lock (every later reload) and the service's shutdown."""
+    root = repository(tmp_path, "handwritten")
+    with serving(root) as url:
+        shutil.copytree(MODELS / "pie", tmp_path / "pie")
+        fifo = FIFOS[case](tmp_path / "pie")
+        (tmp_path / "pie").rename(root / "pie")
+        fifo = root / "pie" / fifo.name
+        for _ in range(2):  # the second is not stuck behind the first
+            refused = httpx.post(url + "/v1/admin/reload", timeout=30)
+            assert refused.status_code == 409, refused.text
+            assert f"{fifo}: cannot read" in refused.json()["error"]["message"]
+            assert "a FIFO, not a regular file" in refused.json()["error"]["message"]
+        assert models(url) == ["handwritten"]
+        fifo.unlink()
+        shutil.copy(MODELS / "pie" / fifo.name, fifo)
+        assert httpx.post(url + "/v1/admin/reload", timeout=30).json()["models"] == ["handwritten", "pie"]
+
+
+@pytest.mark.parametrize("case", sorted(FIFOS))
+def test_a_fifo_stops_the_start_naming_it(tmp_path, case):
+    shutil.copytree(MODELS / "pie", tmp_path / "pie")
+    fifo = FIFOS[case](tmp_path / "pie")
+    done = start_and_fail("--model-dir", str(tmp_path))
+    assert done.returncode != 0
+    assert f"{fifo}: cannot read" in done.stderr and "a FIFO, not a regular file" in done.stderr, done.stderr
