@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import stat
+import threading
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -236,15 +237,22 @@ _KINDS = {
 }
 
 
-def load_repository(settings: Settings) -> Repository:
-    """Verify and load every model under ``settings.model_dir``; :class:`ModelLoadError` on any fault."""
+def load_repository(settings: Settings, stop: threading.Event | None = None) -> Repository:
+    """Verify and load every model under ``settings.model_dir``; :class:`ModelLoadError` on any fault.
+
+    ``stop`` set (the load given up: see :class:`service.reload.ModelLoads`), the load ends at its next
+    file or session, with a :class:`ModelLoadError`.
+    """
     # Each model read from where its folder leads now: a symlink swapped while we read cannot mix versions.
     paths = [path.parent.resolve() / path.name for path in find_manifests(settings.model_dir)]
     if not paths:
         raise ModelLoadError(
             f"{settings.model_dir}: no manifest.json (neither a model nor a repository of them)"
         )
-    manifests = [(path, *read_manifest(path)) for path in paths]  # verify everything before loading anything
+    manifests = []
+    for path in paths:  # verify everything before loading anything
+        _check_stop(stop)
+        manifests.append((path, *read_manifest(path)))
     for path, manifest, _ in manifests:
         for view in manifest.views:
             if view.dim > settings.max_view_dim:
@@ -266,6 +274,7 @@ def load_repository(settings: Settings) -> Repository:
         sessions, providers = {}, {}
         for view in manifest.views:
             file = path.parent / view.file
+            _check_stop(stop)
             session = _session(file, verified[view.name], settings, use_cuda)
             _check_signature(session, file, view.dim, len(manifest.classes))
             _check_probe(session, file, view.dim, len(manifest.classes))
@@ -280,6 +289,11 @@ def load_repository(settings: Settings) -> Repository:
     if default != settings.default_model:
         log.warning("default model %r not found; serving %r as the default", settings.default_model, default)
     return Repository(models=models, default=default)
+
+
+def _check_stop(stop: threading.Event | None) -> None:
+    if stop is not None and stop.is_set():
+        raise ModelLoadError("load given up")
 
 
 def _calibration(path: Path, manifest: Manifest) -> ModelCalibration | None:

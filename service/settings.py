@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     batch_max_delay_ms: float = Field(default=0.0, ge=0, description="a batch's longest wait for more")
     # Hot reload: POST /v1/admin/reload, or a poll of the model directory every this many seconds (0: off).
     reload_poll_seconds: float = Field(default=0.0, ge=0)
+    # A reload not done by then is refused (409) and its load abandoned: a file that blocks on read (a hung
+    # network mount) cannot hold the reload lock, or the shutdown, for ever.
+    reload_timeout_seconds: float = Field(default=120.0, gt=0, description="a reload's longest time")
     # Bearer token for predict, model and admin endpoints; /health, /ready and /metrics stay open.
     # Set but empty (``DBF_API_KEY=``, or a secret that did not materialise) refuses to start: treating it
     # as unset would open the endpoints an operator meant to close, as a key would lock everyone out.

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import signal
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.service.conftest import MODELS, running_service, serving
+from tests.service.conftest import MODELS, running_service, service_process, serving
 from tests.service.test_service import HANDWRITTEN_DIMS, metric, zeros_sample
 
 BODY = {"samples": [zeros_sample(**HANDWRITTEN_DIMS)]}
@@ -182,3 +183,34 @@ def set_default_lambda(model: Path, lam: float) -> None:
     manifest["fusion"]["lambda"] = lam
     (model / ".manifest.json.new").write_text(json.dumps(manifest))
     (model / ".manifest.json.new").replace(model / "manifest.json")
+
+
+def many_models(tmp_path: Path, count: int) -> Path:
+    """A repository of ``count`` copies of the handwritten model, each under its own name (``hw000``...)."""
+    root = tmp_path / "many"
+    manifest = json.loads((MODELS / "handwritten" / "manifest.json").read_text())
+    for i in range(count):
+        copy = root / f"hw{i:03d}"
+        shutil.copytree(MODELS / "handwritten", copy)
+        (copy / "manifest.json").write_text(json.dumps({**manifest, "name": copy.name}))
+    return root
+
+
+def test_a_reload_past_its_time_limit_is_refused_and_the_service_still_stops(tmp_path):
+    """Loading 200 models (1200 onnxruntime sessions) takes far longer than 50 ms on any machine: each
+    reload is refused at its limit, naming it, while the models loaded at start-up serve on; the load left
+    running holds neither the lock (the next reload is answered too) nor the shutdown."""
+    root = many_models(tmp_path, 200)
+    env = {"DBF_DEFAULT_MODEL": "hw000", "DBF_RELOAD_TIMEOUT_SECONDS": "0.05"}
+    with service_process("--model-dir", str(root), env=env) as (url, proc):
+        failures = metric(url, "dbf_model_reloads_total", outcome="failure")
+        for _ in range(2):
+            refused = httpx.post(url + "/v1/admin/reload", timeout=60)
+            assert refused.status_code == 409, refused.text
+            assert refused.json()["error"]["type"] == "reload_failed"
+        assert "DBF_RELOAD_TIMEOUT_SECONDS" in refused.json()["error"]["message"]
+        assert metric(url, "dbf_model_reloads_total", outcome="failure") == failures + 2
+        assert len(models(url)) == 200
+        assert httpx.post(url + "/predict", json=BODY).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
