@@ -3,18 +3,20 @@
 ``/health``, ``/ready`` and ``/metrics`` stay open: probes and scrapers carry no secrets, and they reveal
 nothing a caller could use (protect /metrics at the network level if that matters to you). The app
 attaches the check only when a key is set (:func:`service.app.create_app`): without one there is nothing
-to check, nor a dependency to solve on every request, and the OpenAPI schema asks for no token.
+to check, nor a dependency to solve on every request, and the OpenAPI schema asks for no token. Admin
+endpoints without a key answer only clients on this host (:func:`require_local_admin`).
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 from typing import Annotated
 
 from fastapi import Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from service.errors import Unauthorized
+from service.errors import Forbidden, Unauthorized
 
 # async, so FastAPI runs it on the event loop (a plain def would cost a thread hop per request).
 # auto_error=False: the 401 comes from our one error handler, in the one error format.
@@ -40,3 +42,31 @@ async def check_api_key(request: Request) -> None:
     (:class:`service.api.direct.DirectRoute`): the same header parsing, the same check."""
     if request.app.state.settings.api_key is not None:
         await require_api_key(request, await _BEARER(request))
+
+
+async def require_local_admin(request: Request) -> None:
+    """Without ``DBF_API_KEY``, admin endpoints answer only clients on this host (loopback): a reload loads
+    every model afresh (CPU, and the memory of a second repository meanwhile), which nobody else who can
+    reach the port should be able to call for. With a key, the key guards them (:func:`require_api_key`).
+
+    Behind a proxy on this host, uvicorn takes the client's address from ``X-Forwarded-For``, a header it
+    trusts from 127.0.0.1 only: a proxy that does not set it makes every client look local.
+    """
+    if request.app.state.settings.api_key is not None:
+        return
+    client = request.client.host if request.client is not None else ""
+    if not _loopback(client):
+        raise Forbidden(
+            f"admin endpoints answer only clients on this host (not {client or 'an unknown client'}) while "
+            "the service has no DBF_API_KEY; set one to call them from elsewhere"
+        )
+
+
+def _loopback(host: str) -> bool:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:  # a name, or nothing: not an address of this host's loopback
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # 127.0.0.1 on a dual-stack socket
+    return address.is_loopback

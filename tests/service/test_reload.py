@@ -185,6 +185,26 @@ def set_default_lambda(model: Path, lam: float) -> None:
     (model / ".manifest.json.new").replace(model / "manifest.json")
 
 
+def test_without_a_key_only_clients_on_this_host_may_reload():
+    """A reload loads every model afresh (CPU, and a second repository's memory meanwhile): with no
+    DBF_API_KEY, a client on another host gets 403 and nothing is loaded. The remote client is named the
+    way a proxy on this host names it, in X-Forwarded-For (uvicorn trusts it from 127.0.0.1 only)."""
+    remote = {"X-Forwarded-For": "203.0.113.7"}
+    with serving(MODELS) as url:
+        reloads = metric(url, "dbf_model_reloads_total", outcome="success")
+        refused = httpx.post(url + "/v1/admin/reload", headers=remote)
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["error"]["type"] == "forbidden"
+        assert "203.0.113.7" in refused.json()["error"]["message"]
+        assert "DBF_API_KEY" in refused.json()["error"]["message"]
+        assert metric(url, "dbf_model_reloads_total", outcome="success") == reloads
+        assert httpx.post(url + "/v1/admin/reload").status_code == 200  # from this host
+    with serving(MODELS, api_key="s3cret") as url:  # a key: it alone decides, wherever the client is
+        assert httpx.post(url + "/v1/admin/reload", headers=remote).status_code == 401
+        key = {**remote, "Authorization": "Bearer s3cret"}
+        assert httpx.post(url + "/v1/admin/reload", headers=key).status_code == 200
+
+
 def many_models(tmp_path: Path, count: int) -> Path:
     """A repository of ``count`` copies of the handwritten model, each under its own name (``hw000``...)."""
     root = tmp_path / "many"
