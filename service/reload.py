@@ -106,14 +106,14 @@ class ModelLoads:
         self._running = threading.Lock()  # held by the thread loading
 
     async def load(self, settings: Settings) -> Repository:
-        if not self._running.acquire(blocking=False):
-            raise ModelLoadError(
-                "an earlier load, given up, is still running (stuck reading a file?); no other starts "
-                "until it ends"
-            )
         stop = threading.Event()
 
         def load() -> Repository:
+            if not self._running.acquire(blocking=False):
+                raise ModelLoadError(
+                    "an earlier load, given up, is still running (stuck reading a file?); no other starts "
+                    "until it ends"
+                )
             try:
                 return load_repository(settings, stop)
             finally:
