@@ -7,11 +7,13 @@ nothing a caller could use (protect /metrics at the network level if that matter
 attaches the check only when a key is set (:func:`service.app.create_app`): without one there is nothing
 to check, nor a dependency to solve on every request, and the OpenAPI schema asks for no token.
 A protected route checks the key first, before it says which methods it takes (:class:`ProtectedRoute`).
+Admin endpoints without a key answer only clients on this host (:func:`require_local_admin`).
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 from typing import Annotated
 
 from fastapi import Request, Security
@@ -20,7 +22,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.routing import Match
 from starlette.types import Receive, Scope, Send
 
-from service.errors import Unauthorized
+from service.errors import Forbidden, Unauthorized
 
 # async, so FastAPI runs it on the event loop (a plain def would cost a thread hop per request).
 # auto_error=False: the 401 comes from our one error handler, in the one error format.
@@ -75,3 +77,31 @@ class ProtectedRoute(APIRoute):
 
     def _head_of_get(self, scope: Scope) -> bool:
         return scope["method"] == "HEAD" and "GET" in self.methods
+
+
+async def require_local_admin(request: Request) -> None:
+    """Without ``DBF_API_KEY``, admin endpoints answer only clients on this host (loopback): a reload loads
+    every model afresh (CPU, and the memory of a second repository meanwhile), which nobody else who can
+    reach the port should be able to call for. With a key, the key guards them (:func:`require_api_key`).
+
+    Behind a proxy on this host, uvicorn takes the client's address from ``X-Forwarded-For``, a header it
+    trusts from 127.0.0.1 only: a proxy that does not set it makes every client look local.
+    """
+    if request.app.state.settings.api_key is not None:
+        return
+    client = request.client.host if request.client is not None else ""
+    if not _loopback(client):
+        raise Forbidden(
+            f"admin endpoints answer only clients on this host (not {client or 'an unknown client'}) while "
+            "the service has no DBF_API_KEY; set one to call them from elsewhere"
+        )
+
+
+def _loopback(host: str) -> bool:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:  # a name, or nothing: not an address of this host's loopback
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # 127.0.0.1 on a dual-stack socket
+    return address.is_loopback

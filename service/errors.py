@@ -17,6 +17,7 @@ REASONS = (
     "not_ready",
     "overloaded",
     "unauthorized",
+    "forbidden",
     "reload_failed",
     "request_timeout",
     "not_found",
@@ -89,6 +90,12 @@ class Overloaded(ServiceError):
 
 class Unauthorized(ServiceError):
     status, type = 401, "unauthorized"
+
+
+class Forbidden(ServiceError):
+    """Not for this client, whatever it sends (an admin endpoint called from another host, with no key)."""
+
+    status, type = 403, "forbidden"
 
 
 class ReloadFailed(ServiceError):

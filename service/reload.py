@@ -4,9 +4,14 @@ directory (``DBF_RELOAD_POLL_SECONDS``)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import ctypes
 import gc
 import logging
+import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 import anyio
 from fastapi import FastAPI
@@ -14,8 +19,11 @@ from fastapi import FastAPI
 from fusion import METHODS
 from service import errors, metrics
 from service.repository import ModelLoadError, Repository, load_repository, repository_fingerprint
+from service.settings import Settings
 
 log = logging.getLogger("dbf.reload")
+
+T = TypeVar("T")
 
 
 def serve(app: FastAPI, repository: Repository) -> None:
@@ -35,32 +43,132 @@ def serve(app: FastAPI, repository: Repository) -> None:
     # The application and its models live on: keep them out of the garbage collector's full passes, which
     # otherwise walk every object at each one (tens of ms of stalled event loop: the p99 latency under load).
     # Frozen objects are still freed by reference counting when a reload drops them.
-    gc.collect()
+    _free_memory()
     gc.freeze()
 
 
+def _free_memory() -> None:
+    """Collect what a load left behind (the models it replaced, or a refused load's, which its error's
+    traceback may hold in a reference cycle) and hand the memory back to the system: glibc's malloc keeps
+    freed memory for reuse, but a load's many small blocks, interleaved with others that live on, seldom
+    come free as a whole, and without the trim each reload of a large repository added to the resident
+    memory (sessions really were freed: the arena settings of onnxruntime change nothing)."""
+    gc.collect()
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``; None where the C library has none (musl, macOS): nothing to trim there."""
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
 async def reload_repository(app: FastAPI) -> Repository:
-    """Verify and load the model directory afresh, then swap it in; on any error the models being served
-    stay (:class:`ReloadFailed` names the file). One reload at a time."""
-    async with app.state.reload_lock:
-        try:
-            repository = await anyio.to_thread.run_sync(load_repository, app.state.settings)
-        except ModelLoadError as error:
-            metrics.RELOADS.labels("failure").inc()
-            log.error("reload refused, still serving the previous models: %s", error)
-            raise errors.ReloadFailed(f"reload refused, still serving the previous models: {error}") from None
-        serve(app, repository)
+    """Verify and load the model directory afresh, then swap it in; on any error, or past
+    ``DBF_RELOAD_TIMEOUT_SECONDS``, the models being served stay (:class:`ReloadFailed` says why). One
+    reload at a time."""
+    settings = app.state.settings
+    try:
+        with anyio.move_on_after(settings.reload_timeout_seconds) as deadline:
+            async with app.state.reload_lock:
+                repository = await app.state.loads.load(settings)
+                serve(app, repository)
+        if deadline.cancelled_caught:
+            raise ModelLoadError(
+                f"not done within {settings.reload_timeout_seconds:g} s (DBF_RELOAD_TIMEOUT_SECONDS): a file "
+                "that blocks on read (a hung network mount?), or a reload queued behind such a one"
+            )
+    except ModelLoadError as error:
+        refusal = f"reload refused, still serving the previous models: {error}"
+    else:
         metrics.RELOADS.labels("success").inc()
-        log.info("reloaded models %s from %s", sorted(repository.models), app.state.settings.model_dir)
+        log.info("reloaded models %s from %s", sorted(repository.models), settings.model_dir)
         return repository
+    _free_memory()  # out of the except clause: the error, and the sessions its traceback holds, are gone
+    metrics.RELOADS.labels("failure").inc()
+    log.error("%s", refusal)
+    raise errors.ReloadFailed(refusal)
+
+
+class ModelLoads:
+    """The loads of the model repository for reloads: each in a daemon thread of its own
+    (:func:`in_daemon_thread`), one at a time. A load given up (its reload past its time, or cut by the
+    shutdown) is told to stop, and does at its next file or session; one stuck in the kernel meanwhile (a
+    read from a hung network mount) keeps its place, and no other load starts beside it."""
+
+    def __init__(self) -> None:
+        self._running = threading.Lock()  # held by the thread loading
+
+    async def load(self, settings: Settings) -> Repository:
+        stop = threading.Event()
+
+        def load() -> Repository:
+            if not self._running.acquire(blocking=False):
+                raise ModelLoadError(
+                    "an earlier load, given up, is still running (stuck reading a file?); no other starts "
+                    "until it ends"
+                )
+            try:
+                return load_repository(settings, stop)
+            finally:
+                self._running.release()
+
+        try:
+            return await in_daemon_thread(load)
+        finally:
+            stop.set()  # nobody waits for it any more (if it is still running)
+
+    async def wait_stopped(self, within: float) -> None:
+        """Wait up to ``within`` seconds for a load given up to end. One still inside onnxruntime when the
+        interpreter exits aborts the process (onnxruntime's static objects are destroyed under it); one
+        stuck in the kernel is left there."""
+        with anyio.move_on_after(within):
+            while self._running.locked():
+                await anyio.sleep(0.01)
+
+
+async def in_daemon_thread(function: Callable[[], T]) -> T:
+    """``function()`` in a daemon thread of its own. Cancelled (a timeout, the end of a graceful shutdown),
+    the wait ends at once and the thread is left to finish alone: anyio's worker threads would hold the
+    cancelled task until the call returns, and the interpreter's exit too, for ever if it is stuck in the
+    kernel (a read from a hung network mount)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def run() -> None:
+        try:
+            outcome = function(), None
+        except BaseException as error:  # handed to the waiting task, as a worker thread would
+            outcome = None, error
+        with contextlib.suppress(RuntimeError):  # the event loop has closed: nobody waits any more
+            loop.call_soon_threadsafe(_settle, done, *outcome)
+
+    threading.Thread(target=run, name="dbf-repository", daemon=True).start()
+    return await done
+
+
+def _settle(done: asyncio.Future, result: object, error: BaseException | None) -> None:
+    if done.cancelled():
+        return
+    if error is not None:
+        done.set_exception(error)
+    else:
+        done.set_result(result)
 
 
 async def watch_repository(app: FastAPI, every: float, seen: tuple) -> None:
     """Reload when a file of the model directory changes from ``seen``, its fingerprint when the models
     being served were loaded (each worker process watches for itself)."""
+    model_dir = app.state.settings.model_dir
     while True:
         await anyio.sleep(every)
-        now = await anyio.to_thread.run_sync(repository_fingerprint, app.state.settings.model_dir)
+        now = await in_daemon_thread(lambda: repository_fingerprint(model_dir))
         if now != seen:
             seen = now
             with contextlib.suppress(errors.ReloadFailed):  # logged and counted; the old models serve on

@@ -12,6 +12,7 @@ import io
 import logging
 import os
 import stat
+import threading
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -143,11 +144,48 @@ def repository_fingerprint(model_dir: Path) -> tuple:
 
 
 def find_manifests(model_dir: Path) -> list[Path]:
-    """``model_dir/manifest.json`` if it is one model, else ``model_dir/*/manifest.json``, sorted; hidden
-    folders (staging, ``..data`` of a Kubernetes volume) are not models."""
-    if (model_dir / "manifest.json").is_file():
+    """``model_dir/manifest.json`` if it is one model, else the ``manifest.json`` of each of its folders,
+    sorted. A folder without one is not a model, nor is a hidden folder (staging, ``..data`` of a Kubernetes
+    volume) or a volume's ``lost+found``.
+
+    A folder that is there but cannot be read (no permission, a symlink to nowhere or in a loop, gone while
+    we looked) is a :class:`ModelLoadError` naming it: passed over, it would silently drop the model it
+    holds.
+    """
+    try:
+        names = _names(model_dir)
+    except OSError as error:
+        raise ModelLoadError(f"{model_dir}: cannot read the model directory ({error.strerror})") from error
+    if "manifest.json" in names:
         return [model_dir / "manifest.json"]
-    return sorted(path for path in model_dir.glob("*/manifest.json") if not path.parent.name.startswith("."))
+    manifests = []
+    for name in sorted(names):
+        if name.startswith(".") or name == "lost+found":
+            continue
+        folder = model_dir / name
+        try:
+            inside = _names(folder)
+        except NotADirectoryError:  # a file beside the models (a schema, a README)
+            continue
+        except OSError as error:
+            raise ModelLoadError(
+                f"{folder}: cannot read this model folder ({error.strerror}{_link_target(folder)})"
+            ) from error
+        if "manifest.json" in inside:
+            manifests.append(folder / "manifest.json")
+    return manifests
+
+
+def _names(folder: Path) -> set[str]:
+    with os.scandir(folder) as entries:
+        return {entry.name for entry in entries}
+
+
+def _link_target(path: Path) -> str:
+    try:
+        return f", a symlink to {os.readlink(path)}"
+    except OSError:  # not a symlink (or gone)
+        return ""
 
 
 def read_manifest(path: Path) -> tuple[Manifest, dict[str, bytes]]:
@@ -156,17 +194,15 @@ def read_manifest(path: Path) -> tuple[Manifest, dict[str, bytes]]:
     Returns the manifest and the verified bytes per view: sessions are built from these very bytes, so a
     file changed after the check is never loaded.
     """
+    content = _read_file(path, "manifest")
     try:
-        manifest = Manifest.model_validate_json(path.read_bytes())
-    except (OSError, ValidationError, ValueError) as error:
+        manifest = Manifest.model_validate_json(content)
+    except (ValidationError, ValueError) as error:
         raise ModelLoadError(f"{path}: invalid manifest: {error}") from error
     verified = {}
     for view in manifest.views:
         file = path.parent / view.file
-        try:
-            content = file.read_bytes()
-        except OSError as error:
-            raise ModelLoadError(f"{file}: cannot read model file ({error.strerror})") from error
+        content = _read_file(file, "model file")
         digest = hashlib.sha256(content).hexdigest()
         if digest != view.sha256:
             raise ModelLoadError(f"{file}: checksum mismatch (manifest {view.sha256}, file {digest})")
@@ -174,15 +210,52 @@ def read_manifest(path: Path) -> tuple[Manifest, dict[str, bytes]]:
     return manifest, verified
 
 
-def load_repository(settings: Settings) -> Repository:
-    """Verify and load every model under ``settings.model_dir``; :class:`ModelLoadError` on any fault."""
+def _read_file(file: Path, what: str) -> bytes:
+    """The bytes of ``file`` if it is a regular file (or a symlink to one), else :class:`ModelLoadError`
+    naming it. Opened without blocking and checked before any read: a FIFO or a device would block the load
+    for ever (holding the reload lock), or never end."""
+    try:
+        descriptor = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        raise ModelLoadError(f"{file}: cannot read {what} ({error.strerror})") from error
+    try:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            kind = _KINDS.get(stat.S_IFMT(mode), "a special file")
+            raise ModelLoadError(f"{file}: cannot read {what} ({kind}, not a regular file)")
+        with open(descriptor, "rb", closefd=False) as handle:
+            return handle.read()
+    except OSError as error:
+        raise ModelLoadError(f"{file}: cannot read {what} ({error.strerror})") from error
+    finally:
+        os.close(descriptor)
+
+
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def load_repository(settings: Settings, stop: threading.Event | None = None) -> Repository:
+    """Verify and load every model under ``settings.model_dir``; :class:`ModelLoadError` on any fault.
+
+    ``stop`` set (the load given up: see :class:`service.reload.ModelLoads`), the load ends at its next
+    file or session, with a :class:`ModelLoadError`.
+    """
     # Each model read from where its folder leads now: a symlink swapped while we read cannot mix versions.
     paths = [path.parent.resolve() / path.name for path in find_manifests(settings.model_dir)]
     if not paths:
         raise ModelLoadError(
             f"{settings.model_dir}: no manifest.json (neither a model nor a repository of them)"
         )
-    manifests = [(path, *read_manifest(path)) for path in paths]  # verify everything before loading anything
+    manifests = []
+    for path in paths:  # verify everything before loading anything
+        _check_stop(stop)
+        manifests.append((path, *read_manifest(path)))
     for path, manifest, _ in manifests:
         _check_size(path, manifest, settings)
     _, first_manifest, first_bytes = manifests[0]
@@ -198,6 +271,7 @@ def load_repository(settings: Settings) -> Repository:
         sessions, providers, outputs = {}, {}, {}
         for view in manifest.views:
             file = path.parent / view.file
+            _check_stop(stop)
             session = _session(file, verified[view.name], settings, use_cuda)
             outputs[view.name] = _check_signature(session, file, view.dim, len(manifest.classes))
             _check_probe(session, file, view.dim, len(manifest.classes), outputs[view.name])
@@ -239,6 +313,11 @@ def _check_size(path: Path, manifest: Manifest, settings: Settings) -> None:
             f"{path}: {k} classes and {v} views make {answer_values(k, v)} numbers in one sample's answer; "
             f"at most {settings.max_answer_values} are answered (DBF_MAX_ANSWER_VALUES)"
         )
+
+
+def _check_stop(stop: threading.Event | None) -> None:
+    if stop is not None and stop.is_set():
+        raise ModelLoadError("load given up")
 
 
 def _calibration(path: Path, manifest: Manifest) -> ModelCalibration | None:

@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     batch_max_delay_ms: float = Field(default=0.0, ge=0, description="a batch's longest wait for more")
     # Hot reload: POST /v1/admin/reload, or a poll of the model directory every this many seconds (0: off).
     reload_poll_seconds: float = Field(default=0.0, ge=0)
+    # A reload not done by then is refused (409) and its load abandoned: a file that blocks on read (a hung
+    # network mount) cannot hold the reload lock, or the shutdown, for ever.
+    reload_timeout_seconds: float = Field(default=120.0, gt=0, description="a reload's longest time")
     # Bearer token for predict, model and admin endpoints and the API's documentation (/openapi.json, /docs,
     # /redoc); /health, /ready and /metrics stay open. Surrounding whitespace is stripped: a key from a file
     # or a Kubernetes secret often ends in a line break, which no client sends (nor can a bearer token hold).

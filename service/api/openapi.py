@@ -21,6 +21,7 @@ JSON = "application/json"
 _STATUS = {
     400: "invalid input; the message says what and where",
     401: "bearer token missing or wrong (DBF_API_KEY)",
+    403: "an admin endpoint, called from another host while the service has no DBF_API_KEY",
     404: "no such model (or version)",
     408: "the body did not arrive in time (DBF_BODY_TIMEOUT_SECONDS)",
     409: "the new models failed their checks; the previous ones still serve",

@@ -25,8 +25,10 @@ DATASOURCES = DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.
 # Error reasons no alert looks at: stray paths and methods (scanners, typos), other HTTP errors, clients
 # that hang up or stall before sending their whole body (their network, not their integration: a stalled
 # upload costs a connection for DBF_BODY_TIMEOUT_SECONDS, never a predict slot), and refused reloads
-# (DBFModelReloadFailed watches dbf_model_reloads_total, which counts the directory watcher's refusals too).
+# (DBFModelReloadFailed watches dbf_model_reloads_total, which counts the directory watcher's refusals too),
+# and admin calls from other hosts to a service without a key (an operator's mistake, answered at once).
 UNALERTED_REASONS = {
+    "forbidden",
     "not_found",
     "method_not_allowed",
     "http_error",

@@ -46,13 +46,18 @@ def running_service(*args: str, env: dict[str, str] | None = None, timeout: floa
 
 @contextmanager
 def service_process(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 60.0, cgroup: Path | None = None
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 60.0,
+    cgroup: Path | None = None,
+    under: tuple[str, ...] = (),
 ) -> Iterator[tuple[str, subprocess.Popen]]:
     """:func:`running_service`, yielding the process too (to signal it, or read its memory); in the control
-    group ``cgroup`` if one is given (joined before the service allocates anything)."""
+    group ``cgroup`` if one is given (joined before the service allocates anything); run by the command
+    ``under`` if one is given (``setpriv ...``: with fewer privileges)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port), *args]
+    command = [*under, sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port), *args]
     if cgroup is not None:
         command = ["sh", "-c", f'echo $$ > {cgroup / "cgroup.procs"} && exec "$@"', "sh", *command]
     # The log goes to a file, not a pipe: a pipe nobody reads fills up (access logs) and blocks the service.

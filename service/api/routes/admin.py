@@ -4,19 +4,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 
 from service.api.openapi import documented, ok
-from service.auth import ProtectedRoute
+from service.auth import ProtectedRoute, require_local_admin
 from service.reload import reload_repository
 
-router = APIRouter(prefix="/v1/admin", tags=["admin"], route_class=ProtectedRoute)
+router = APIRouter(
+    prefix="/v1/admin",
+    tags=["admin"],
+    route_class=ProtectedRoute,
+    dependencies=[Depends(require_local_admin)],
+)
 
 
-@router.post("/reload", **documented(ok("Reloaded"), 409))
+@router.post("/reload", **documented(ok("Reloaded"), 403, 409))
 async def reload(request: Request) -> dict[str, Any]:
     """Verify and load the model directory afresh and swap it in atomically; a model that fails its checks
-    never replaces a good one (409, naming the file). With several worker processes, each must reload:
-    use DBF_RELOAD_POLL_SECONDS there."""
+    never replaces a good one (409, naming the file). Without DBF_API_KEY, only clients on the service's
+    host may call it (403 for others). With several worker processes, each must reload: use
+    DBF_RELOAD_POLL_SECONDS there."""
     repository = await reload_repository(request.app)
     return {"status": "reloaded", "models": sorted(repository.models), "default": repository.default}

@@ -1,0 +1,117 @@
+"""Black-box: a model folder or file that is there but cannot be read, or that is no regular file (a FIFO,
+which blocks whoever reads it), refuses the load naming it, at start-up and at a reload; it is never passed
+over (that would drop the model it holds) and never waited on."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.service.conftest import MODELS, service_process, serving, start_and_fail
+from tests.service.test_reload import PIE, models, repository
+from tests.service.test_service import metric
+
+# As root, file permissions stop nobody: the service then runs without the capabilities that override them.
+WITHOUT_OVERRIDES = ("setpriv", "--bounding-set=-dac_override,-dac_read_search", "--")
+
+
+def no_permission(folder: Path) -> None:
+    folder.chmod(0)
+
+
+def symlink_to_nowhere(folder: Path) -> None:
+    shutil.rmtree(folder)
+    folder.symlink_to(folder.with_name("nowhere"))
+
+
+def symlink_loop(folder: Path) -> None:
+    shutil.rmtree(folder)
+    folder.symlink_to(folder)
+
+
+def manifest_to_nowhere(folder: Path) -> None:
+    (folder / "manifest.json").unlink()
+    (folder / "manifest.json").symlink_to(folder / "nowhere.json")
+
+
+UNREADABLE = {
+    "no permission": no_permission,
+    "a symlink to nowhere": symlink_to_nowhere,
+    "a symlink loop": symlink_loop,
+    "its manifest a symlink to nowhere": manifest_to_nowhere,
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNREADABLE))
+def test_an_unreadable_model_folder_fails_the_reload_and_its_model_serves_on(tmp_path, case):
+    root = repository(tmp_path, "handwritten", "pie")
+    under = ()
+    if case == "no permission" and os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root, and no setpriv to drop the capabilities that override permissions")
+        under = WITHOUT_OVERRIDES
+    with service_process("--model-dir", str(root), under=under) as (url, _):
+        failures = metric(url, "dbf_model_reloads_total", outcome="failure")
+        UNREADABLE[case](root / "pie")
+        try:
+            refused = httpx.post(url + "/v1/admin/reload", timeout=30)
+        finally:
+            if case == "no permission":
+                (root / "pie").chmod(0o755)  # for pytest to clean up
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"]["type"] == "reload_failed"
+        assert str(root / "pie") in refused.json()["error"]["message"]
+        assert metric(url, "dbf_model_reloads_total", outcome="failure") == failures + 1
+        assert models(url) == ["handwritten", "pie"]
+        assert httpx.post(url + "/v1/models/pie/predict", json=PIE).status_code == 200
+
+
+def fifo_head(folder: Path) -> Path:
+    head = folder / "lbp.onnx"
+    head.unlink()
+    os.mkfifo(head)
+    return head
+
+
+def fifo_manifest(folder: Path) -> Path:
+    manifest = folder / "manifest.json"
+    manifest.unlink()
+    os.mkfifo(manifest)
+    return manifest
+
+
+FIFOS = {"a head": fifo_head, "the manifest": fifo_manifest}
+
+
+@pytest.mark.parametrize("case", sorted(FIFOS))
+def test_a_fifo_fails_the_reload_at_once_and_holds_nothing(tmp_path, case):
+    """A FIFO blocks whoever opens it for reading until someone writes: read, it would hang the reload for
+    ever, and with it the reload lock (every later reload) and the service's shutdown."""
+    root = repository(tmp_path, "handwritten")
+    with serving(root) as url:
+        shutil.copytree(MODELS / "pie", tmp_path / "pie")
+        fifo = FIFOS[case](tmp_path / "pie")
+        (tmp_path / "pie").rename(root / "pie")
+        fifo = root / "pie" / fifo.name
+        for _ in range(2):  # the second is not stuck behind the first
+            refused = httpx.post(url + "/v1/admin/reload", timeout=30)
+            assert refused.status_code == 409, refused.text
+            assert f"{fifo}: cannot read" in refused.json()["error"]["message"]
+            assert "a FIFO, not a regular file" in refused.json()["error"]["message"]
+        assert models(url) == ["handwritten"]
+        fifo.unlink()
+        shutil.copy(MODELS / "pie" / fifo.name, fifo)
+        assert httpx.post(url + "/v1/admin/reload", timeout=30).json()["models"] == ["handwritten", "pie"]
+
+
+@pytest.mark.parametrize("case", sorted(FIFOS))
+def test_a_fifo_stops_the_start_naming_it(tmp_path, case):
+    shutil.copytree(MODELS / "pie", tmp_path / "pie")
+    fifo = FIFOS[case](tmp_path / "pie")
+    done = start_and_fail("--model-dir", str(tmp_path))
+    assert done.returncode != 0
+    assert f"{fifo}: cannot read" in done.stderr and "a FIFO, not a regular file" in done.stderr, done.stderr
