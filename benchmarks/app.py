@@ -23,7 +23,6 @@ from pathlib import Path
 
 from benchmarks.service import json_body
 from benchmarks.yardstick import app as yardstick
-from manifest import Manifest
 from service.app import create_app
 from service.server import guarded
 from service.settings import Settings
@@ -42,8 +41,7 @@ def main() -> None:
     parser.add_argument("--model-dir", type=Path, default=ROOT / "models" / "handwritten")
     parser.add_argument("--profile", action="store_true", help="cProfile one more run of the service")
     args = parser.parse_args()
-    manifest = Manifest.model_validate_json((args.model_dir / "manifest.json").read_text())
-    body = json_body(manifest, args.samples)
+    body = json_body(args.model_dir, args.samples)
     app = create_app(Settings(model_dir=args.model_dir, log_level="warning"))
     try:  # the event loop uvicorn runs the service on, where installed
         import uvloop

@@ -58,7 +58,7 @@ def main() -> None:
         for name in args.cases.split(","):
             case = CASES[name]
             body = Path(tmp) / f"{name}.json"
-            body.write_bytes(v2_json_body(manifest, case.samples))
+            body.write_bytes(v2_json_body(args.model_dir, case.samples))
             path = case.path.format(model=manifest.name)
             runs: dict[str, list] = {"mlserver": [], "mlserver-0": [], "dbf-serve": []}
             for _ in range(args.repeat):

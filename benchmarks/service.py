@@ -137,15 +137,15 @@ def main() -> None:
         script.write_text(WRK_SCRIPT)
         for case in cases:
             json_path = Path(tmp) / f"{case.name}.json"
-            json_path.write_bytes(json_body(manifest, case.samples))
+            json_path.write_bytes(json_body(args.model_dir, case.samples))
             body, headers = json_path, {"Content-Type": "application/json"}
             if case.binary:
                 body = Path(tmp) / f"{case.name}.bin"
-                content, headers = _binary_body(manifest, case.samples)
+                content, headers = _binary_body(args.model_dir, case.samples)
                 body.write_bytes(content)
             elif case.v2_json:
                 body = Path(tmp) / f"{case.name}.v2.json"
-                body.write_bytes(v2_json_body(manifest, case.samples))
+                body.write_bytes(v2_json_body(args.model_dir, case.samples))
             if args.paired:
                 paired(case, manifest, args, json_path, body, headers, script)
                 continue
@@ -236,34 +236,38 @@ def print_row(
     )
 
 
-def json_body(manifest: Manifest, n: int) -> bytes:
-    rng = np.random.default_rng(0)
-    samples = [{"views": {v.name: rng.random(v.dim).tolist() for v in manifest.views}} for _ in range(n)]
-    return json.dumps({"samples": samples}).encode()
+def sample_features(model_dir: Path, n: int, *, seed: int = 0) -> dict[str, np.ndarray]:
+    """``n`` samples of each view's features, float32, uniform within the view's training range: a view far
+    outside it is fused as missing, another path than the one measured."""
+    from training.export import training_ranges
+
+    rng = np.random.default_rng(seed)
+    return {
+        view: (minimum + rng.random((n, minimum.size)) * span).astype(np.float32)
+        for view, (minimum, span) in training_ranges(model_dir).items()
+    }
 
 
-def v2_json_body(manifest: Manifest, n: int) -> bytes:
+def json_body(model_dir: Path, n: int) -> bytes:
+    samples = sample_features(model_dir, n)
+    views = [{view: features[i].tolist() for view, features in samples.items()} for i in range(n)]
+    return json.dumps({"samples": [{"views": sample} for sample in views]}).encode()
+
+
+def v2_json_body(model_dir: Path, n: int) -> bytes:
     """The same samples as :func:`json_body`, as Open Inference Protocol tensors in JSON (flat data, as
     tritonclient and kserve send them), all outputs asked for."""
-    rng = np.random.default_rng(0)
-    samples = [{v.name: rng.random(v.dim).tolist() for v in manifest.views} for _ in range(n)]
     inputs = [
-        {
-            "name": v.name,
-            "datatype": "FP32",
-            "shape": [n, v.dim],
-            "data": [x for sample in samples for x in sample[v.name]],
-        }
-        for v in manifest.views
+        {"name": view, "datatype": "FP32", "shape": list(features.shape), "data": features.ravel().tolist()}
+        for view, features in sample_features(model_dir, n).items()
     ]
     return json.dumps({"inputs": inputs}).encode()
 
 
-def _binary_body(manifest: Manifest, n: int) -> tuple[bytes, dict[str, str]]:
+def _binary_body(model_dir: Path, n: int) -> tuple[bytes, dict[str, str]]:
     from service.v2 import encode_request  # the binary path's own encoder, as a client would use it
 
-    rng = np.random.default_rng(0)
-    return encode_request({v.name: rng.random((n, v.dim), dtype=np.float32) for v in manifest.views})
+    return encode_request(sample_features(model_dir, n))
 
 
 class Server:

@@ -315,6 +315,24 @@ def exported_range_excess(model_dir: str | os.PathLike[str], views: Mapping[str,
     return _exported_output(model_dir, views, "range_excess")
 
 
+def training_ranges(model_dir: str | os.PathLike[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each view's training range as its head's graph holds it: ``(minimum, span)`` per feature, span 0
+    for a feature constant in training (see :func:`head_to_onnx`)."""
+    import onnx
+    from onnx import numpy_helper
+
+    model_dir = Path(model_dir)
+    manifest = Manifest.model_validate_json((model_dir / "manifest.json").read_text())
+    ranges = {}
+    for entry in manifest.views:
+        graph = onnx.load(str(model_dir / entry.file)).graph
+        constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+        inverse = constants["inverse_span"].astype(np.float64)
+        span = np.divide(1.0, inverse, where=inverse > 0, out=np.zeros_like(inverse))
+        ranges[entry.name] = (constants["minimum"], span)
+    return ranges
+
+
 def _exported_output(
     model_dir: str | os.PathLike[str], views: Mapping[str, np.ndarray], output: str
 ) -> np.ndarray:
@@ -338,6 +356,7 @@ __all__: Sequence[str] = [
     "check_model_dir",
     "check_parity",
     "exported_evidence",
+    "training_ranges",
     "exported_range_excess",
     "head_to_onnx",
     "provenance",

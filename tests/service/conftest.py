@@ -5,7 +5,6 @@ start-up, signals and worker processes)."""
 from __future__ import annotations
 
 import functools
-import json
 import math
 import multiprocessing
 import os
@@ -118,26 +117,13 @@ def serving(model_dir: Path = MODELS, **settings: object) -> Iterator[str]:
 
 
 @functools.cache
-def training_ranges(model_dir: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Each view's training range, ``(minimum, span)`` per feature, as its head's graph holds it."""
-    import onnx
-    from onnx import numpy_helper
-
-    ranges = {}
-    for view in json.loads((model_dir / "manifest.json").read_text())["views"]:
-        graph = onnx.load(str(model_dir / view["file"])).graph
-        constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
-        inverse = constants["inverse_span"].astype(np.float64)
-        span = np.divide(1.0, inverse, where=inverse > 0, out=np.zeros_like(inverse))  # 0: constant
-        ranges[view["name"]] = (constants["minimum"], span)
-    return ranges
-
-
 def in_range_samples(
     n: int, seed: int = 0, model_dir: Path = MODELS / "handwritten", views=None
 ) -> list[dict]:
     """``n`` v1 samples of random features within each view's training range (or of ``views`` only):
     features in [0, 1) lie outside several HandWritten views' ranges, which are then fused as missing."""
+    from training.export import training_ranges
+
     rng = np.random.default_rng(seed)
     ranges = training_ranges(model_dir)
     names = list(ranges) if views is None else list(views)
