@@ -11,7 +11,8 @@ fused
     The exported ONNX heads on the raw features, fused with the manifest's fusion (:func:`fusion.fuse`), as
     the service answers.
 best head
-    Each view's exported head alone, on the test samples that have the view; the best view's accuracy.
+    Each view's exported head alone, on the test samples that have the view: the best one's accuracy in
+    each run, and the view best on average.
 baseline, best view LR
     scikit-learn's ``LogisticRegressionCV`` (C from 10 values by 5-fold cross-validated accuracy, refitted
     on train + validation; min-max scaled, a missing view imputed by its mean there): on all views
@@ -255,9 +256,9 @@ def missed_targets(summary: dict) -> list[str]:
 # -- the table -----------------------------------------------------------------------------------------------
 
 
-def _spread(figures: list[float], scale: float = 1.0, digits: int = 3) -> str:
-    mean, low, high = (scale * f for f in figures)
-    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+def _spread(figures: list[float]) -> str:
+    mean, low, high = figures
+    return f"{mean:.3f} [{low:.3f}, {high:.3f}]"
 
 
 def _interval(figures: list[float], interval: tuple[float, float]) -> str:
@@ -321,13 +322,18 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in names if name not in DATASETS]
     if unknown or args.seeds < 1 or args.jobs < 1:
         parser.error(
-            f"unknown data set {unknown[0]!r}; known: {', '.join(DATASETS)}" if unknown else "need >= 1"
+            f"unknown data set {unknown[0]!r}; known: {', '.join(DATASETS)}"
+            if unknown
+            else "--seeds and --jobs must be at least 1"
         )
 
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(1)  # the baselines, single-threaded as the fits are
-    data = {name: load(name) for name in names}
+    try:
+        data = {name: load(name) for name in names}
+    except ModuleNotFoundError as error:
+        parser.error(str(error))
     with tempfile.TemporaryDirectory(prefix="dbf-fit-quality-") as scratch:
         workdir = args.workdir or Path(scratch)
         tasks = [(name, seed) for name in names for seed in range(args.seeds)]
