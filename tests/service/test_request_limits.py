@@ -7,10 +7,12 @@ machine is shared)."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import socket
 import time
 import uuid
+import zlib
 from pathlib import Path
 
 import httpx
@@ -103,6 +105,29 @@ def test_huge_numbers_and_deep_nesting_in_a_v2_body_are_a_400(url, body, message
     )
     assert answer.status_code == 400, answer.text
     assert message in answer.json()["error"]
+
+
+PREDICT = json.dumps({"samples": [{"views": {"mor": [0.5, 0.25, 1.0, 0.0, 0.75, 0.1]}}]}).encode()
+
+
+def test_every_gzip_member_is_read_and_bytes_after_the_data_are_a_400(url):
+    """A gzip body of two members is the two (as gzip.decompress reads it); bytes after the compressed data
+    (gzip or deflate) are refused, never ignored."""
+    half = len(PREDICT) // 2
+    for encoding, body, status in (
+        ("gzip", gzip.compress(PREDICT[:half]) + gzip.compress(PREDICT[half:]), 200),
+        ("gzip", gzip.compress(PREDICT) + b"junk", 400),
+        ("deflate", zlib.compress(PREDICT) + b"\0", 400),
+    ):
+        answer = httpx.post(
+            url + "/predict",
+            content=body,
+            headers={"content-type": "application/json", "content-encoding": encoding},
+        )
+        assert answer.status_code == status, (encoding, answer.text)
+        if status == 400:
+            message = answer.json()["error"]["message"]
+            assert f"the {encoding} body has" in message and "after the end of its compressed data" in message
 
 
 def test_probes_answer_head_and_no_path_redirects(url):
@@ -232,6 +257,41 @@ def test_concurrent_big_bodies_stay_within_the_pods_memory():
         )
         assert set(statuses) <= {200, 503} and statuses.count(200) >= 8, statuses
         assert peak < limit
+        if group is not None:
+            assert _oom_kills(group) == 0
+    finally:
+        if group is not None:
+            group.rmdir()
+
+
+def test_concurrent_compression_bombs_stay_within_the_body_budget():
+    """256 concurrent gzip bodies of 9 kB, each inflating to 9 MiB (past DBF_MAX_BODY_BYTES), twice: every
+    one is answered, 413 or, its decompressed bytes being reserved in the body budget as they are produced,
+    503 once the budget is spent; over both bursts the service's RSS grows by at most DBF_BODY_MEMORY_BYTES
+    and a margin (the decompressors' windows, connections, the allocator's slack), and it outlives a memory
+    cgroup of the pod's 1 GiB where one can be made."""
+    budget, margin, pod = 128 << 20, 64 << 20, 1 << 30
+    bomb = gzip.compress(b" " * (9 << 20))
+    assert len(bomb) < 10_000
+    headers = {"content-type": "application/json", "content-encoding": "gzip"}
+    group = _memory_cgroup(pod)
+    try:
+        env = {"DBF_BODY_MEMORY_BYTES": str(budget)}
+        with service_process("--model-dir", str(HANDWRITTEN), env=env, cgroup=group) as (url, proc):
+            assert asyncio.run(_burst(url, bomb, headers, 1)) == [413]  # warm: the codec thread, its arena
+            before = _memory(proc.pid, "VmRSS")
+            with probing(url, "256 concurrent gzip bombs, twice"):
+                statuses = [
+                    status for _ in range(2) for status in asyncio.run(_burst(url, bomb, headers, 256))
+                ]
+            grown = _memory(proc.pid, "VmHWM") - before
+            assert httpx.get(url + "/health").status_code == 200  # alive
+        print(
+            f"2 x 256 gzip bombs: {sorted(set(statuses))} ({statuses.count(413)} x 413), RSS grew by at most "
+            f"{grown / 2**20:.0f} MiB (budget {budget >> 20} MiB + {margin >> 20} MiB), {group}"
+        )
+        assert set(statuses) == {413, 503}, statuses
+        assert grown < budget + margin
         if group is not None:
             assert _oom_kills(group) == 0
     finally:
