@@ -33,11 +33,14 @@ def read(text: bytes, reader: Callable[[Any], T]) -> T | None:
     """``reader(document)`` on ``text`` parsed, or None if simdjson cannot read ``text``.
 
     ``reader`` gets the document as simdjson's proxies (``simdjson.Object``, ``simdjson.Array``, Python
-    scalars), valid during the call only: it returns plain values. An exception it raises propagates.
+    scalars), valid during the call only: it returns plain values. An exception it raises propagates, but
+    for a KeyError: simdjson cannot look up a key holding a NUL character (``object[key]``), so None too.
 
     >>> read(b'{"data": [1, 2.5]}', lambda doc: numbers(doc["data"]).tolist())
     [1.0, 2.5]
     >>> read(b'{"data": [1e999]}', lambda doc: 0) is None
+    True
+    >>> read(b'{"a\\\\u0000": 1}', lambda doc: [doc[key] for key in doc.keys()]) is None
     True
     """
     try:
@@ -48,7 +51,10 @@ def read(text: bytes, reader: Callable[[Any], T]) -> T | None:
         document = parser.parse(text)
     except (ValueError, RuntimeError):  # not JSON, too deep (ValueError); an integer beyond 64 bits
         return None
-    result = reader(document)  # an exception leaves the parser to the garbage collector with its proxies
+    try:
+        result = reader(document)  # an exception leaves the parser to the garbage collector with its proxies
+    except KeyError:
+        return None
     del document
     if len(text) <= _KEPT_BYTES and _IDLE.qsize() < _KEPT:
         _IDLE.put(parser)
