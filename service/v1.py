@@ -169,7 +169,7 @@ def _parse_strict(body: bytes, signature: ModelSignature, max_samples: int) -> I
     try:
         # Integers as floats (a 400-digit integer becomes inf, then is refused); duplicate keys refused.
         payload = json.loads(
-            body, parse_constant=_reject_constant, parse_int=float, object_pairs_hook=_no_duplicates
+            body, parse_constant=_reject_constant, parse_int=float, object_pairs_hook=json_numbers.unique_keys
         )
     except (ValueError, RecursionError) as error:
         raise InvalidInput(f"body is not valid JSON: {error}") from None
@@ -250,10 +250,3 @@ def _vector(values: Any, dim: int, where: str) -> np.ndarray:
 
 def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not a JSON number")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [key for key, _ in pairs]
-    if len(set(keys)) != len(keys):
-        raise ValueError(f"duplicate key(s) {sorted({k for k in keys if keys.count(k) > 1})}")
-    return dict(pairs)

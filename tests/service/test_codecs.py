@@ -296,6 +296,27 @@ def _comparable(decoded):
     return features, request.present.tolist(), request.method, request.lam, request.coverage, context
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        '"id": "urn:r:1"',  # a colon in a string
+        '"model_name": "toy"',  # a field not ours (kserve's)
+        '"parameters": {}',
+        '"parameters": {"seed": 1' + "0" * 30 + "}",  # beyond 64 bits: simdjson cannot read it
+    ],
+)
+@pytest.mark.parametrize("fast", [True, False])
+def test_v2_bodies_msgspec_keeps_fewer_members_of_are_looked_at_and_taken(extra, fast):
+    """Where the header has more members than msgspec kept (not ours, empty, a colon in a string), its
+    objects are looked at for a repeated key, and there being none, the request is taken."""
+    body = b'{"inputs": [%s], %s}' % (json.dumps(A).encode(), extra.encode())
+    request, _ = decode_json(body, fast=fast)
+    assert request.features["a"].tolist() == [[0.5, 0.25]]
+    repeated = body.replace(b'"inputs"', b'"id": "r", "id": "s", "inputs"')
+    with pytest.raises(InvalidInput, match="duplicate key"):
+        decode_json(repeated, fast=fast)
+
+
 def test_ordinary_v2_json_bodies_are_read_fast():
     body = v2_body([A, {"name": "b", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}], id="r[1]x")
     assert v2._read_fast(body) is None  # a bracket in a string: msgspec's path reads it
