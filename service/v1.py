@@ -220,8 +220,8 @@ def _options(payload: dict, signature: ModelSignature) -> tuple[str, float, floa
     lam = payload.get("lambda", signature.lam)
     if type(lam) is not float or not math.isfinite(lam) or lam <= 0:
         raise InvalidInput(f"'lambda' must be a positive finite number, got {lam!r}")
-    coverage = payload.get("coverage")
-    if coverage is not None and (type(coverage) is not float or not 0 < coverage < 1):
+    coverage = payload.get("coverage")  # null is no number: refused, as for method and lambda
+    if "coverage" in payload and (type(coverage) is not float or not 0 < coverage < 1):
         raise InvalidInput(f"'coverage' must be a number between 0 and 1, got {coverage!r}")
     return method, float(lam), coverage
 

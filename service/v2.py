@@ -325,9 +325,10 @@ def _arrays(
             raise InvalidInput(f"{where}: {rows} rows where the inputs before have {n}")
         n = rows
         size = tensor.parameters.get("binary_data_size")
-        if size is not None and (i in flat or tensor.data is not msgspec.UNSET):
+        sent_binary = "binary_data_size" in tensor.parameters  # null too: refused below, as no integer
+        if sent_binary and (i in flat or tensor.data is not msgspec.UNSET):
             raise InvalidInput(f"{where}: both data and binary_data_size; send the tensor one way")
-        if size is not None:
+        if sent_binary:
             if type(size) is not int or size != rows * dim * 4:
                 raise InvalidInput(
                     f"{where}: binary_data_size must be {rows * dim * 4} bytes for {tensor.shape} FP32"
@@ -400,8 +401,8 @@ def _options(parameters: dict[str, Any], signature: ModelSignature) -> tuple[str
     if not finite or lam <= 0:
         shown = repr(lam) if len(repr(lam)) <= 40 else f"{repr(lam)[:40]}..."
         raise InvalidInput(f"parameters.lambda must be a positive finite number, got {shown}")
-    coverage = parameters.get("coverage")
-    if coverage is not None and not (type(coverage) in (int, float) and 0 < coverage < 1):
+    coverage = parameters.get("coverage")  # null is no number: refused, as for method and lambda
+    if "coverage" in parameters and not (type(coverage) in (int, float) and 0 < coverage < 1):
         raise InvalidInput(f"parameters.coverage must be a number between 0 and 1, got {coverage!r}")
     return method, float(lam), None if coverage is None else float(coverage)
 

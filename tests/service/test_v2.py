@@ -250,11 +250,12 @@ def test_a_big_json_body_with_a_nul_character_in_a_key_is_read(url):
     assert response.status_code == 200, response.text
 
 
+@pytest.mark.parametrize("size", [24, None])  # null is no size: not "no binary data"
 @pytest.mark.parametrize("form", ["json", "binary"])
-def test_an_input_with_both_data_and_binary_data_size_is_a_400(url, form):
+def test_an_input_with_both_data_and_binary_data_size_is_a_400(url, form, size):
     data = np.full((1, 6), 0.5, np.float32)
     tensor = {"name": "mor", "datatype": "FP32", "shape": [1, 6], "data": data.ravel().tolist()}
-    tensor["parameters"] = {"binary_data_size": 24}
+    tensor["parameters"] = {"binary_data_size": size}
     if form == "binary":
         body, headers = _binary([tensor], data.tobytes())
     else:
