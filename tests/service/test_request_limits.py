@@ -13,6 +13,8 @@ import socket
 import time
 import uuid
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -219,6 +221,20 @@ def _oom_kills(group: Path) -> int:
     return 0
 
 
+@contextmanager
+def _pod_memory(limit: int) -> Iterator[Path | None]:
+    """A memory cgroup of ``limit`` bytes for the block (None where none can be made), removed after it: no
+    process in it may have been killed for its memory by then."""
+    group = _memory_cgroup(limit)
+    try:
+        yield group
+        if group is not None:
+            assert _oom_kills(group) == 0
+    finally:
+        if group is not None:
+            group.rmdir()
+
+
 async def _burst(url: str, body: bytes, headers: dict[str, str], n: int) -> list[int]:
     """``n`` concurrent ``POST /predict`` of ``body``: their statuses (0: no answer)."""
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=n)) as client:
@@ -244,8 +260,7 @@ def test_concurrent_big_bodies_stay_within_the_pods_memory():
     n = (8 << 20) // (len(json.dumps(sample)) + 2)  # as many samples as fit in 8 MiB
     body = json.dumps({"samples": [sample] * n}).encode()
     assert (7 << 20) < len(body) <= (8 << 20)
-    group = _memory_cgroup(limit)
-    try:
+    with _pod_memory(limit) as group:
         with service_process("--model-dir", str(HANDWRITTEN), cgroup=group) as (url, proc):
             with probing(url, "64 concurrent 8 MiB bodies"):
                 statuses = asyncio.run(_burst(url, body, {"content-type": "application/json"}, 64))
@@ -257,11 +272,6 @@ def test_concurrent_big_bodies_stay_within_the_pods_memory():
         )
         assert set(statuses) <= {200, 503} and statuses.count(200) >= 8, statuses
         assert peak < limit
-        if group is not None:
-            assert _oom_kills(group) == 0
-    finally:
-        if group is not None:
-            group.rmdir()
 
 
 def test_concurrent_compression_bombs_stay_within_the_body_budget():
@@ -274,9 +284,8 @@ def test_concurrent_compression_bombs_stay_within_the_body_budget():
     bomb = gzip.compress(b" " * (9 << 20))
     assert len(bomb) < 10_000
     headers = {"content-type": "application/json", "content-encoding": "gzip"}
-    group = _memory_cgroup(pod)
-    try:
-        env = {"DBF_BODY_MEMORY_BYTES": str(budget)}
+    env = {"DBF_BODY_MEMORY_BYTES": str(budget)}
+    with _pod_memory(pod) as group:
         with service_process("--model-dir", str(HANDWRITTEN), env=env, cgroup=group) as (url, proc):
             assert asyncio.run(_burst(url, bomb, headers, 1)) == [413]  # warm: the codec thread, its arena
             before = _memory(proc.pid, "VmRSS")
@@ -292,11 +301,6 @@ def test_concurrent_compression_bombs_stay_within_the_body_budget():
         )
         assert set(statuses) == {413, 503}, statuses
         assert grown < budget + margin
-        if group is not None:
-            assert _oom_kills(group) == 0
-    finally:
-        if group is not None:
-            group.rmdir()
 
 
 def test_bodies_refused_by_a_codec_are_freed_at_once():
