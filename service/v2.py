@@ -204,7 +204,7 @@ def _given(parameters: dict[str, Any]) -> int:
 def _refuse_repeated_keys(header: bytes) -> None:
     """A 400 naming a key an object of the request repeats (msgspec would take the last one silently), as
     v1 refuses them: found in simdjson's document, or by Python's parser where simdjson cannot read the
-    header (an integer beyond 64 bits)."""
+    header (an integer beyond 64 bits, a key holding a NUL character)."""
     from service import json_numbers  # the server's (simdjson); clients never decode requests
 
     try:
@@ -324,11 +324,10 @@ def _arrays(
         if n is not None and rows != n:
             raise InvalidInput(f"{where}: {rows} rows where the inputs before have {n}")
         n = rows
-        size = tensor.parameters.get("binary_data_size")
-        sent_binary = "binary_data_size" in tensor.parameters  # null too: refused below, as no integer
-        if sent_binary and (i in flat or tensor.data is not msgspec.UNSET):
-            raise InvalidInput(f"{where}: both data and binary_data_size; send the tensor one way")
-        if sent_binary:
+        if "binary_data_size" in tensor.parameters:  # null too: refused below, as no size
+            size = tensor.parameters["binary_data_size"]
+            if i in flat or tensor.data is not msgspec.UNSET:
+                raise InvalidInput(f"{where}: both data and binary_data_size; send the tensor one way")
             if type(size) is not int or size != rows * dim * 4:
                 raise InvalidInput(
                     f"{where}: binary_data_size must be {rows * dim * 4} bytes for {tensor.shape} FP32"
