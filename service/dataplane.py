@@ -7,6 +7,7 @@ every protocol. A codec turns a body into an :class:`~service.inference.Inferenc
 from __future__ import annotations
 
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -147,7 +148,14 @@ class DataPlane:
         """A codec's CPU work: here when ``inline`` (small), else on the codec thread."""
         if inline:
             return work(*args, **kwargs)
-        return await anyio.to_thread.run_sync(partial(work, *args, **kwargs), limiter=self._codec_limiter)
+        try:
+            return await anyio.to_thread.run_sync(partial(work, *args, **kwargs), limiter=self._codec_limiter)
+        except BaseException as error:
+            # Raised on a thread, it comes back in a reference cycle (its traceback holds the frame that
+            # awaited the future holding it): the locals of its frames (a body, its pieces) would live until
+            # a full garbage collection, which gc.freeze (service.reload) makes rare. Cleared, they go now.
+            traceback.clear_frames(error.__traceback__)
+            raise
 
 
 def _check_answer(model: LoadedModel, samples: int, limit: int) -> None:

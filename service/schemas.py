@@ -16,9 +16,14 @@ from msgspec import UNSET, Meta, UnsetType
 
 from service.outputs import FIELDS
 
-_COVERAGE = (
-    "the prediction sets' coverage; the model's default if omitted, at most n / (n + 1) for its n "
-    "calibration samples"
+# The fusion options: v1's body fields, v2's request parameters.
+_METHOD = Meta(description="fusion method; the model's default if omitted")
+_LAMBDA = Meta(gt=0, description="DBF's lambda (Eq. 14); the model's default if omitted")
+_COVERAGE = Meta(
+    gt=0,
+    lt=1,
+    description="the prediction sets' coverage; the model's default if omitted, at most n / (n + 1) for "
+    "its n calibration samples",
 )
 
 # --- v1 -------------------------------------------------------------------------------------------------
@@ -39,13 +44,9 @@ class PredictRequest(msgspec.Struct, forbid_unknown_fields=True):
     """``POST /predict`` and ``POST /v1/models/{name}/predict``."""
 
     samples: Annotated[list[Sample], Meta(min_length=1, description="up to DBF_MAX_SAMPLES samples")]
-    method: Annotated[str, Meta(description="fusion method; the model's default if omitted")] | UnsetType = (
-        UNSET
-    )
-    lam: Annotated[float, Meta(gt=0, description="DBF's lambda (Eq. 14); the model's default if omitted")] | (
-        UnsetType
-    ) = msgspec.field(default=UNSET, name="lambda")
-    coverage: Annotated[float, Meta(gt=0, lt=1, description=_COVERAGE)] | UnsetType = UNSET
+    method: Annotated[str, _METHOD] | UnsetType = UNSET
+    lam: Annotated[float, _LAMBDA] | UnsetType = msgspec.field(default=UNSET, name="lambda")
+    coverage: Annotated[float, _COVERAGE] | UnsetType = UNSET
 
 
 # One prediction per sample, its fields those of the output registry (those of calibrated models optional:
@@ -89,18 +90,31 @@ class ErrorBody(msgspec.Struct, frozen=True):
 # --- Open Inference Protocol v2 ------------------------------------------------------------------------
 
 
+def _reads(parameters: dict[str, Any]) -> Meta:
+    """The documentation of a ``parameters`` object: the parameters this service reads, of these types (the
+    protocol's objects are extensible: any other is ignored). It is decoded as any JSON object."""
+    properties = {name: msgspec.json.schema(kind) for name, kind in parameters.items()}
+    return Meta(extra_json_schema={"properties": properties})
+
+
 class InferInput(msgspec.Struct):
     name: str
     datatype: str
     shape: list[int]
-    parameters: dict[str, Any] = {}
+    parameters: Annotated[
+        dict[str, Any],
+        _reads({"binary_data_size": Annotated[int, Meta(ge=0, description="bytes of its binary data")]}),
+    ] = {}
     # Kept as raw JSON: decoded as flat float32 data in one typed pass (service.v2), nested only if need be.
     data: Annotated[msgspec.Raw, Meta(extra_json_schema={"type": "array", "items": {}})] | UnsetType = UNSET
 
 
 class InferRequestedOutput(msgspec.Struct):
     name: str
-    parameters: dict[str, Any] = {}
+    parameters: Annotated[
+        dict[str, Any],
+        _reads({"binary_data": Annotated[bool, Meta(description="this output as binary data")]}),
+    ] = {}
 
 
 class InferRequest(msgspec.Struct):
@@ -108,7 +122,19 @@ class InferRequest(msgspec.Struct):
 
     inputs: list[InferInput]
     id: str | None = None
-    parameters: dict[str, Any] = {}
+    parameters: Annotated[
+        dict[str, Any],
+        _reads(
+            {
+                "method": Annotated[str, _METHOD],
+                "lambda": Annotated[float, _LAMBDA],
+                "coverage": Annotated[float, _COVERAGE],
+                "binary_data_output": Annotated[
+                    bool, Meta(description="outputs as binary data, unless one says")
+                ],
+            }
+        ),
+    ] = {}
     outputs: list[InferRequestedOutput] | None = None
 
 

@@ -179,7 +179,7 @@ def _parse_strict(body: bytes, signature: ModelSignature, max_samples: int) -> I
     try:
         # Integers as floats (a 400-digit integer becomes inf, then is refused); duplicate keys refused.
         payload = json.loads(
-            body, parse_constant=_reject_constant, parse_int=float, object_pairs_hook=_no_duplicates
+            body, parse_constant=_reject_constant, parse_int=float, object_pairs_hook=json_numbers.unique_keys
         )
     except RecursionError:  # deeper than the decoder recurses (its message names its internals)
         raise InvalidInput("body is not valid JSON: nested too deeply") from None
@@ -232,8 +232,8 @@ def _options(payload: dict, signature: ModelSignature) -> tuple[str, float, floa
     lam = payload.get("lambda", signature.lam)
     if type(lam) is not float or not math.isfinite(lam) or lam <= 0:
         raise InvalidInput(f"'lambda' must be a positive finite number, got {lam!r}")
-    coverage = payload.get("coverage")
-    if coverage is not None and (type(coverage) is not float or not 0 < coverage < 1):
+    coverage = payload.get("coverage")  # null is no number: refused, as for method and lambda
+    if "coverage" in payload and (type(coverage) is not float or not 0 < coverage < 1):
         raise InvalidInput(f"'coverage' must be a number between 0 and 1, got {coverage!r}")
     return method, float(lam), coverage
 
@@ -262,10 +262,3 @@ def _vector(values: Any, dim: int, where: str) -> np.ndarray:
 
 def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not a JSON number")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [key for key, _ in pairs]
-    if len(set(keys)) != len(keys):
-        raise ValueError(f"duplicate key(s) {sorted({k for k in keys if keys.count(k) > 1})}")
-    return dict(pairs)

@@ -15,11 +15,13 @@ A binary request carries the header ``Inference-Header-Content-Length: <bytes of
 binary input has ``"parameters": {"binary_data_size": <bytes>}`` and its bytes follow in input order. An
 output comes back binary when it asks (``"parameters": {"binary_data": true}``), else as the request's
 ``binary_data_output`` says, else binary exactly when the request was. The protocol's objects are
-extensible: fields and parameters that are not ours are ignored; ours are checked.
+extensible: fields and parameters that are not ours are ignored; ours are checked. A key given twice in an
+object is refused (as v1 does), never read as the last of the two.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -172,10 +174,85 @@ def header_length(text: str | None, body_size: int) -> int | None:
 
 def _request(header: bytes) -> InferRequest:
     try:
-        return _DECODER.decode(header)
+        request = _DECODER.decode(header)
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError) as error:
-        reason = "nested too deeply" if isinstance(error, RecursionError) else error
-        raise InvalidInput(f"not an inference request: {reason}") from None
+        raise _not_a_request(error) from None
+    from service import json_numbers  # the server's (simdjson); clients never decode requests
+
+    # Each member of an object has its colon: a header with as many as the members msgspec kept repeats no
+    # key (the common case, one count). Else (a repeat, a field not ours, a colon in a string) look.
+    if json_numbers.colons(header) != _members(request):
+        _refuse_repeated_keys(header)
+    return request
+
+
+def _not_a_request(error: Exception) -> InvalidInput:
+    reason = "nested too deeply" if isinstance(error, RecursionError) else error
+    return InvalidInput(f"not an inference request: {reason}")
+
+
+def _members(request: InferRequest) -> int:
+    """How many members the objects of a request's JSON had, at least, from what msgspec kept of them: a
+    repeated key kept once, fields not ours and objects inside parameters not counted."""
+    count = 1 + (request.id is not None) + (request.outputs is not None) + _given(request.parameters)
+    for tensor in request.inputs:
+        count += 3 + (tensor.data is not msgspec.UNSET) + _given(tensor.parameters)
+    for output in request.outputs or ():
+        count += 1 + _given(output.parameters)
+    return count
+
+
+def _given(parameters: dict[str, Any]) -> int:
+    """The members of a non-empty ``parameters`` object, and the one holding it."""
+    return len(parameters) + 1 if parameters else 0
+
+
+def _refuse_repeated_keys(header: bytes) -> None:
+    """A 400 naming a key an object of the request repeats (msgspec would take the last one silently), as
+    v1 refuses them: found in simdjson's document, or by Python's parser where simdjson cannot read the
+    header (an integer beyond 64 bits, a key holding a NUL character)."""
+    from service import json_numbers  # the server's (simdjson); clients never decode requests
+
+    try:
+        found = json_numbers.read(header, _repeated_key)
+        if found is None:
+            json.loads(header, object_pairs_hook=json_numbers.unique_keys, parse_int=float)
+    except (ValueError, RecursionError) as error:
+        raise _not_a_request(error) from None
+    if found:
+        raise InvalidInput(f"not an inference request: {found}")
+
+
+def _repeated_key(document: Any) -> str:
+    """Where an object of a request (simdjson's document, an object) repeats a key, at any depth but in its
+    inputs' data (numbers, or refused); "" if none does."""
+    from service.json_numbers import Array
+
+    found = _repeated_in(document, "", skip="inputs")
+    inputs = document.get("inputs")
+    for i, tensor in enumerate(inputs if type(inputs) is Array else ()):
+        found = found or _repeated_in(tensor, f"inputs[{i}]", skip="data")
+    return found
+
+
+def _repeated_in(value: Any, where: str, skip: str | None = None) -> str:
+    """Where ``value`` (simdjson's) or a value in it (but its member ``skip``) repeats a key: "" if none."""
+    from service.json_numbers import Array, Object, repeated_key
+
+    if type(value) is Object:
+        key = repeated_key(value)
+        if key is not None:
+            return f"duplicate key {key!r} in {where or 'the request'}"
+        for key in value:  # (items() would convert the value skipped, a tensor's data, too)
+            found = "" if key == skip else _repeated_in(value[key], f"{where}.{key}" if where else key)
+            if found:
+                return found
+    elif type(value) is Array:
+        for i, item in enumerate(value):
+            found = _repeated_in(item, f"{where}[{i}]")
+            if found:
+                return found
+    return ""
 
 
 def _read_fast(body: bytes) -> tuple[InferRequest, dict[int, np.ndarray]] | None:
@@ -207,6 +284,8 @@ def _plain_request(document: Any) -> tuple[dict[str, Any], dict[int, np.ndarray]
 
     keys = object_keys(document)
     if keys is None or "inputs" not in keys or type(document["inputs"]) is not Array:
+        return None
+    if _repeated_key(document):  # msgspec's path words it
         return None
     request = {key: plain(document[key]) for key in keys if key != "inputs"}
     request["inputs"], flat = [], {}
@@ -251,8 +330,10 @@ def _arrays(
         if n is not None and rows != n:
             raise InvalidInput(f"{where}: {rows} rows where the inputs before have {n}")
         n = rows
-        size = tensor.parameters.get("binary_data_size")
-        if size is not None:
+        if "binary_data_size" in tensor.parameters:  # null too: refused below, as no size
+            size = tensor.parameters["binary_data_size"]
+            if i in flat or tensor.data is not msgspec.UNSET:
+                raise InvalidInput(f"{where}: both data and binary_data_size; send the tensor one way")
             if type(size) is not int or size != rows * dim * 4:
                 raise InvalidInput(
                     f"{where}: binary_data_size must be {rows * dim * 4} bytes for {tensor.shape} FP32"
@@ -325,8 +406,8 @@ def _options(parameters: dict[str, Any], signature: ModelSignature) -> tuple[str
     if not finite or lam <= 0:
         shown = repr(lam) if len(repr(lam)) <= 40 else f"{repr(lam)[:40]}..."
         raise InvalidInput(f"parameters.lambda must be a positive finite number, got {shown}")
-    coverage = parameters.get("coverage")
-    if coverage is not None and not (type(coverage) in (int, float) and 0 < coverage < 1):
+    coverage = parameters.get("coverage")  # null is no number: refused, as for method and lambda
+    if "coverage" in parameters and not (type(coverage) in (int, float) and 0 < coverage < 1):
         raise InvalidInput(f"parameters.coverage must be a number between 0 and 1, got {coverage!r}")
     return method, float(lam), None if coverage is None else float(coverage)
 

@@ -64,6 +64,7 @@ def build(app: FastAPI, example: dict[str, Any] | None) -> dict[str, Any]:
     components.update(wire)
     components.update(_model_description())
     components["PredictRequest"]["properties"]["method"]["enum"] = list(METHODS)
+    components["InferRequest"]["properties"]["parameters"]["properties"]["method"]["enum"] = list(METHODS)
     if example is not None:
         components["PredictRequest"]["example"] = example
     for path, operations in schema["paths"].items():

@@ -91,6 +91,19 @@ def test_a_coverage_the_calibration_set_cannot_support_is_a_400_naming_the_most_
     assert v2.status_code == 400 and f"calibrated on {SCORES}" in v2.json()["error"]
 
 
+@pytest.mark.parametrize("option", ["method", "lambda", "coverage"])
+def test_a_null_option_is_a_400_in_both_protocols(url, option):
+    """null is not a value of any option: "coverage": null is refused (as the schema says: a number), as a
+    null method or lambda is, in v1's body and in v2's parameters."""
+    v1 = predict(url, {"samples": samples(1), option: None})
+    assert v1.status_code == 400 and option in v1.json()["error"]["message"], v1.text
+    tensor = {"name": "mor", "datatype": "FP32", "shape": [1, 6], "data": [0.5] * 6}
+    v2 = httpx.post(
+        url + "/v2/models/handwritten/infer", json={"inputs": [tensor], "parameters": {option: None}}
+    )
+    assert v2.status_code == 400 and f"parameters.{option}" in v2.json()["error"], v2.text
+
+
 def test_v2_gives_them_as_tensors_and_metadata_lists_them(url):
     meta = httpx.get(url + "/v2/models/handwritten").json()
     outputs = {t["name"]: t for t in meta["outputs"]}

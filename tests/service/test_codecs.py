@@ -5,6 +5,7 @@ schema and the client all read."""
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import math
 import zlib
@@ -17,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from service import schemas, v1, v2
-from service.api.body import content_length, decompress
+from service.api.body import Inflater, content_length
 from service.errors import InvalidInput, PayloadTooLarge, ServiceError
 from service.inference import InferenceRequest, ModelSignature, Result, ViewSpec
 from service.outputs import FIELDS, OUTPUTS, TENSORS
@@ -296,6 +297,27 @@ def _comparable(decoded):
     return features, request.present.tolist(), request.method, request.lam, request.coverage, context
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        '"id": "urn:r:1"',  # a colon in a string
+        '"model_name": "toy"',  # a field not ours (kserve's)
+        '"parameters": {}',
+        '"parameters": {"seed": 1' + "0" * 30 + "}",  # beyond 64 bits: simdjson cannot read it
+    ],
+)
+@pytest.mark.parametrize("fast", [True, False])
+def test_v2_bodies_with_members_msgspec_drops_are_looked_at_and_taken(extra, fast):
+    """Where the header has more members than msgspec kept (not ours, empty, a colon in a string), its
+    objects are looked at for a repeated key, and there being none, the request is taken."""
+    body = b'{"inputs": [%s], %s}' % (json.dumps(A).encode(), extra.encode())
+    request, _ = decode_json(body, fast=fast)
+    assert request.features["a"].tolist() == [[0.5, 0.25]]
+    repeated = body.replace(b'"inputs"', b'"id": "r", "id": "s", "inputs"')
+    with pytest.raises(InvalidInput, match="duplicate key"):
+        decode_json(repeated, fast=fast)
+
+
 def test_ordinary_v2_json_bodies_are_read_fast():
     body = v2_body([A, {"name": "b", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}], id="r[1]x")
     assert v2._read_fast(body) is None  # a bracket in a string: msgspec's path reads it
@@ -386,6 +408,14 @@ def test_content_lengths_are_parsed_defensively(text):
 # --- compressed bodies ---------------------------------------------------------------------------------
 
 
+def decompress(body: bytes, encoding: str, limit: int, piece: int = 1 << 20) -> bytes:
+    """``body`` decompressed whole, at most ``piece`` bytes at a time, as the service reads it."""
+    inflater, pieces = Inflater(body, encoding, limit), []
+    while not inflater.done:
+        pieces.append(inflater.inflate(piece))
+    return b"".join(pieces)
+
+
 @pytest.mark.parametrize(
     ("encoding", "compress"),
     [
@@ -409,6 +439,36 @@ def test_a_compression_bomb_is_refused_without_inflating_it():
     bomb = zlib.compress(bytes(1 << 30), wbits=31)  # 1 GiB of zeros in ~1 MB
     with pytest.raises(PayloadTooLarge):
         decompress(bomb, "gzip", 8 << 20)
+
+
+@given(
+    members=st.lists(st.binary(max_size=300) | st.just(b"{}" * 2000), min_size=1, max_size=4),
+    padding=st.lists(st.integers(0, 3), min_size=4, max_size=4),
+    piece=st.integers(1, 5000),
+)
+def test_every_gzip_member_is_read_as_gzip_reads_them(members, padding, piece):
+    """Concatenated gzip members (zero bytes between or after them too), read a piece of any size at a
+    time: what gzip.decompress reads."""
+    body = b"".join(
+        gzip.compress(member) + bytes(zeros) for member, zeros in zip(members, padding, strict=False)
+    )
+    assert decompress(body, "gzip", 1 << 20, piece) == gzip.decompress(body) == b"".join(members)
+
+
+@pytest.mark.parametrize(
+    ("encoding", "body"),
+    [
+        ("gzip", gzip.compress(b"{}") + b"junk"),
+        ("gzip", gzip.compress(b"{}") + b"\0\0\x1f"),  # zero padding, then not a member
+        ("deflate", zlib.compress(b"{}") + b"\0"),
+        ("deflate", zlib.compress(b"{}", wbits=-15) + b"{}"),
+    ],
+)
+def test_bytes_after_the_compressed_data_are_refused(encoding, body):
+    with pytest.raises(
+        InvalidInput, match=f"the {encoding} body has .* bytes after the end of its compressed"
+    ):
+        decompress(body, encoding, 1000)
 
 
 # --- where a core error is ------------------------------------------------------------------------------

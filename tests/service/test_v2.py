@@ -181,6 +181,90 @@ def test_bad_json_tensors_are_a_400(url, data, message):
     assert message in response.json()["error"]
 
 
+# A key given twice (the second after the first, as a client merging dicts badly would): where, the key and
+# its second value. Every object of the request the protocol reads.
+REPEATS = [
+    ("the request", "id", "other"),
+    ("inputs[0]", "name", "mor"),
+    ("parameters", "lambda", 2.0),
+    ("outputs[0]", "name", "probability"),
+    ("inputs[0].parameters", "note", 2),
+    ("outputs[0].parameters", "binary_data", True),
+]
+
+
+@pytest.mark.parametrize("form", ["json", "big json", "binary"])  # msgspec's reader, simdjson's, a header
+@pytest.mark.parametrize(("where", "key", "value"), REPEATS)
+def test_a_key_given_twice_is_a_400_naming_it(url, form, where, key, value):
+    """v2 reads a repeated key as v1 does: a 400 that names it, at every level of the request, never the
+    last of the two taken silently."""
+    big = form == "big json"
+    given = features(8, views=HANDWRITTEN_DIMS) if big else features(1, views={"fou": 76})
+    blobs, inputs = [], []
+    for name, array in given.items():
+        tensor = {"name": name, "datatype": "FP32", "shape": list(array.shape), "parameters": {"note": 1}}
+        if form == "binary":
+            blobs.append(array.tobytes())
+            tensor["parameters"]["binary_data_size"] = len(blobs[-1])
+        else:
+            tensor["data"] = array.ravel().tolist()
+        inputs.append(tensor)
+    request = {
+        "id": "r1",
+        "inputs": inputs,
+        "outputs": [{"name": "label", "parameters": {"binary_data": False}}],
+        "parameters": {"lambda": 1.0},
+    }
+    target = {
+        "the request": request,
+        "inputs[0]": inputs[0],
+        "parameters": request["parameters"],
+        "outputs[0]": request["outputs"][0],
+        "inputs[0].parameters": inputs[0]["parameters"],
+        "outputs[0].parameters": request["outputs"][0]["parameters"],
+    }[where]
+    target["@repeat@"] = None
+    header = json.dumps(request).replace('"@repeat@": null', f"{json.dumps(key)}: {json.dumps(value)}")
+    assert header.count(json.dumps(key) + ":") >= 2
+    headers = {"content-type": "application/json"}
+    if form == "binary":
+        headers = {"content-type": "application/octet-stream", HEADER_LENGTH: str(len(header.encode()))}
+    elif big:
+        assert len(header) > 16 * 1024
+    response = infer(url, header.encode() + b"".join(blobs), headers)
+    assert response.status_code == 400, response.text
+    assert f"duplicate key {key!r} in {where}" in response.json()["error"]
+
+
+def test_a_big_json_body_with_a_nul_character_in_a_key_is_read(url):
+    """simdjson cannot look up a key holding a NUL character: a big JSON body with one (in a field not ours)
+    goes to msgspec's reader, never a 500."""
+    given = features(8)
+    inputs = [
+        {"name": k, "datatype": "FP32", "shape": list(v.shape), "data": v.ravel().tolist(), "n\x00": 1}
+        for k, v in given.items()
+    ]
+    body = json.dumps({"inputs": inputs, "x\x00y": 1}).encode()
+    assert len(body) > 16 * 1024 and b"\\u0000" in body
+    response = infer(url, body, {"content-type": "application/json"})
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize("size", [24, None])  # null is no size: not "no binary data"
+@pytest.mark.parametrize("form", ["json", "binary"])
+def test_an_input_with_both_data_and_binary_data_size_is_a_400(url, form, size):
+    data = np.full((1, 6), 0.5, np.float32)
+    tensor = {"name": "mor", "datatype": "FP32", "shape": [1, 6], "data": data.ravel().tolist()}
+    tensor["parameters"] = {"binary_data_size": size}
+    if form == "binary":
+        body, headers = _binary([tensor], data.tobytes())
+    else:
+        body, headers = json.dumps({"inputs": [tensor]}).encode(), {"content-type": "application/json"}
+    response = infer(url, body, headers)
+    assert response.status_code == 400, response.text
+    assert "inputs[0] (mor): both data and binary_data_size" in response.json()["error"]
+
+
 def test_fusion_parameters_and_outputs_are_checked(url):
     base = {"inputs": [{"name": "mor", "datatype": "FP32", "shape": [1, 6], "data": [0.5] * 6}]}
     for extra, message in (
