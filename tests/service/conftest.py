@@ -117,15 +117,19 @@ def serving(model_dir: Path = MODELS, **settings: object) -> Iterator[str]:
 
 
 @functools.cache
+def _training_ranges(model_dir: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    from training.export import training_ranges
+
+    return training_ranges(model_dir)
+
+
 def in_range_samples(
     n: int, seed: int = 0, model_dir: Path = MODELS / "handwritten", views=None
 ) -> list[dict]:
     """``n`` v1 samples of random features within each view's training range (or of ``views`` only):
     features in [0, 1) lie outside several HandWritten views' ranges, which are then fused as missing."""
-    from training.export import training_ranges
-
     rng = np.random.default_rng(seed)
-    ranges = training_ranges(model_dir)
+    ranges = _training_ranges(model_dir)
     names = list(ranges) if views is None else list(views)
     return [
         {"views": {v: (ranges[v][0] + rng.random(ranges[v][0].size) * ranges[v][1]).tolist() for v in names}}
