@@ -139,7 +139,7 @@ def _fit(args: argparse.Namespace) -> int:
     from training.progress import progress_for
     from training.readers import load
     from training.registry import DEFAULT_HYPERPARAMETERS
-    from training.train import EarlyStopping, TrainConfig
+    from training.train import Budget, TrainConfig
 
     started = time.perf_counter()
     try:
@@ -164,9 +164,8 @@ def _fit(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     hyperparameters = data.spec.hyperparameters if data.spec is not None else DEFAULT_HYPERPARAMETERS
-    config = TrainConfig(
-        method=args.method, lam=args.lam, epochs=args.epochs, hyperparameters=hyperparameters, seed=args.seed
-    )
+    config = TrainConfig(method=args.method, lam=args.lam, hyperparameters=hyperparameters, seed=args.seed)
+    budget = Budget(epochs=args.epochs, patience=args.patience, seconds=args.max_minutes * 60)
     try:
         manifest, report = fit(
             data,
@@ -174,9 +173,9 @@ def _fit(args: argparse.Namespace) -> int:
             config=config,
             seed=args.seed,
             target_false_positive_rate=args.target_fpr,
-            early_stopping=EarlyStopping(patience=args.patience) if args.patience > 0 else None,
+            budget=budget,
             card=True,
-            progress=progress_for(args.epochs, quiet=args.quiet),
+            progress=lambda epochs: progress_for(epochs, quiet=args.quiet),
             in_place=True,  # the data was read for this fit alone: scaled where it lies, never held twice
         )
     except (DataError, ValueError) as error:
@@ -186,10 +185,18 @@ def _fit(args: argparse.Namespace) -> int:
     stop = f", best {history.best_epoch}" + (", stopped early" if history.stopped_early else "")
     print(
         _summary(args.out, manifest)
-        + f"\n{history.epochs} epochs{stop if report.early_stopping else ''} in "
+        + f"\n{history.epochs} epochs{stop if report.early_stopping else ''}{_cut_short(history)} in "
         + f"{read + sum(report.seconds.values()):.0f} s; card: {Path(args.out) / 'card.md'}"
     )
     return 0
+
+
+def _cut_short(history) -> str:
+    """What the summary line says of a run that the epoch cap or the time limit ended."""
+    limit = ("the time limit", "--max-minutes") if history.timed_out else ("the epoch cap", "--epochs")
+    if history.still_improving:
+        return f", stopped by {limit[0]} while the validation loss still improved (raise {limit[1]})"
+    return f", stopped by {limit[0]}" if history.timed_out else ""
 
 
 def _summary(out: Path, manifest) -> str:
@@ -202,10 +209,15 @@ def _summary(out: Path, manifest) -> str:
     )
 
 
-# fit's defaults. The paper's 1000 epochs as the most; a patience of 30 stops HandWritten near epoch 830
-# (0.973 accuracy, AUROC 0.84, about a minute), where a patience of 100 ran all 1000 for 0.973 and 0.845.
-FIT_EPOCHS = 1000
-FIT_PATIENCE = 30
+# fit's time limit: the budget of optimizer steps (training.train.Budget) ends most fits well before it.
+FIT_MINUTES = 10.0
+
+
+def _minutes(text: str) -> float:
+    minutes = float(text)
+    if not minutes > 0 or minutes == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of minutes, got {text!r}")
+    return minutes
 
 
 def _names(text: str) -> list[str]:
@@ -234,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     fetch.set_defaults(run=_download)
 
     from training.experiment import DEFAULT_EPOCHS
+    from training.train import Budget
 
     grid = commands.add_parser(
         "experiment", help="train and evaluate a grid of runs; write results and tables"
@@ -320,14 +333,22 @@ def main(argv: list[str] | None = None) -> int:
         "instead of a stratified 70/10/20 split",
     )
     own.add_argument(
-        "--epochs", type=int, default=FIT_EPOCHS, help=f"at most this many (default {FIT_EPOCHS})"
+        "--epochs",
+        type=int,
+        help=f"at most this many (default: {Budget.steps:,} optimizer steps' worth, at least the KL "
+        "annealing's epochs)",
     )
     own.add_argument(
         "--patience",
         type=int,
-        default=FIT_PATIENCE,
-        help="stop after this many epochs without "
-        f"a better validation loss (default {FIT_PATIENCE}; 0: train every epoch)",
+        help="stop after this many epochs without a better validation loss (default: "
+        f"{Budget.patience_steps:,} optimizer steps' worth, at least {Budget.min_patience}; 0: every epoch)",
+    )
+    own.add_argument(
+        "--max-minutes",
+        type=_minutes,
+        default=FIT_MINUTES,
+        help=f"stop training after this long, keeping the best epoch's heads (default {FIT_MINUTES:g})",
     )
     own.add_argument("--seed", type=int, default=0, help="seeds the split and the heads' initialisation")
     own.add_argument("--lambda", dest="lam", type=float, default=1.0, help="DBF's strictness (default 1)")

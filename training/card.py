@@ -284,10 +284,17 @@ def training(report: FitReport, manifest: Manifest) -> Section:
         stopping = f"{history.epochs} epochs"
     else:
         ending = "stopped early" if history.stopped_early else "reached the maximum"
+        ending = "reached the time limit" if history.timed_out else ending
         stopping = (
             f"{history.epochs} of at most {config.epochs} epochs ({ending}; patience "
             f"{report.early_stopping.patience}), keeping epoch {history.best_epoch}'s heads, the best on the "
             "validation loss"
+        )
+    if history.still_improving:
+        limit = "time limit" if history.timed_out else "epoch cap"
+        stopping += (
+            f". **The {limit} ended training while the validation loss was still improving** (best epoch "
+            "within the last patience): more epochs or time may fit better"
         )
     total = sum(report.seconds.values())
     text = (

@@ -19,7 +19,8 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +37,14 @@ from training.progress import Progress
 from training.protocol import EvaluationSets, assemble
 from training.readers import read_registered
 from training.registry import dataset_spec
-from training.train import EarlyStopping, History, TrainConfig, predict_evidence, train_members
+from training.train import (
+    Budget,
+    EarlyStopping,
+    History,
+    TrainConfig,
+    predict_evidence,
+    train_members,
+)
 
 __all__ = ["FitReport", "export", "fit"]
 
@@ -69,7 +77,7 @@ class FitReport:
         The paper's measures on the clean and conflictive test samples.
     metrics : Metrics
         The manifest's measures.
-    config, seed, early_stopping
+    config, seed, early_stopping, time_limit
         How it was trained.
     seconds : dict of str to float
         Wall time of each phase.
@@ -88,6 +96,7 @@ class FitReport:
     seed: int
     early_stopping: EarlyStopping | None
     seconds: dict[str, float]
+    time_limit: float | None = None
 
     def training(self) -> dict[str, object]:
         """The manifest's ``training`` record: settings, seed, epochs and split sizes."""
@@ -115,6 +124,10 @@ class FitReport:
             record["max_epochs"] = config.epochs
             record["patience"] = self.early_stopping.patience
             record["best_epoch"] = self.history.best_epoch
+            record["still_improving"] = self.history.still_improving
+        if self.time_limit is not None:
+            record["time_limit_seconds"] = self.time_limit
+            record["timed_out"] = self.history.timed_out
         return record
 
     def manifest(self, views: list[ViewEntry], *, name: str) -> Manifest:
@@ -141,9 +154,10 @@ def fit(
     seed: int = 0,
     target_false_positive_rate: float = 0.05,
     early_stopping: EarlyStopping | None = None,
+    budget: Budget | None = None,
     name: str | None = None,
     card: bool = False,
-    progress: bool | Progress | None = None,
+    progress: bool | Progress | Callable[[int], Progress] | None = None,
     in_place: bool = False,
 ) -> tuple[Manifest, FitReport]:
     """Train, calibrate, measure and write ``data``'s model to ``out_dir`` (see the module notes).
@@ -163,11 +177,14 @@ def fit(
         The share of clean validation samples the high-conflict flag raises.
     early_stopping : EarlyStopping, optional
         Stop on the validation loss; None trains ``config.epochs`` epochs.
+    budget : Budget, optional
+        Instead of ``config.epochs`` and ``early_stopping``: the epoch cap and the early stopping from the
+        training split's size, and a time limit (``python -m training fit``'s default).
     name : str, optional
         The model's name (default: ``out_dir``'s).
     card : bool
         Write the model card (:mod:`training.card`) beside the manifest.
-    progress : bool or Progress, optional
+    progress : bool, Progress or callable, optional
         How training reports its epochs (:func:`training.train.train_members`).
     in_place : bool
         Scale ``data``'s features in place: for data too large to hold twice. ``data`` is spent afterwards.
@@ -187,11 +204,17 @@ def fit(
         raise ValueError(
             f"the target false-positive rate must lie in (0, 1), got {target_false_positive_rate}"
         )
+    if budget is not None and early_stopping is not None:
+        raise ValueError("give a budget or early stopping, not both")
     seconds: dict[str, float] = {}
     started = time.perf_counter()
     raw = _parity_rows(data)  # before scaling: in place, the raw features are gone afterwards
     sets = assemble(data, seed=seed, conflictive=("validation", "test"), in_place=in_place)
     seconds["scaling"] = time.perf_counter() - started
+    time_limit = None
+    if budget is not None:
+        config = replace(config, epochs=budget.max_epochs(len(sets.train), config))
+        early_stopping, time_limit = budget.early_stopping(len(sets.train), config), budget.seconds
 
     started = time.perf_counter()
     torch.set_num_threads(1)  # deterministic float summation order, hence the same weights and bytes
@@ -205,6 +228,7 @@ def fit(
         present=[sets.present],
         validation=[sets.validation],
         early_stopping=early_stopping,
+        time_limit=time_limit,
         progress=progress,
     )[0]
     seconds["training"] = time.perf_counter() - started
@@ -279,6 +303,7 @@ def fit(
         seed=seed,
         early_stopping=early_stopping,
         seconds=seconds,
+        time_limit=time_limit,
     )
 
     def write_card(directory: Path, manifest: Manifest) -> None:

@@ -6,7 +6,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol as TypingProtocol
 
@@ -48,6 +48,40 @@ class EarlyStopping:
     patience: int = 30
 
 
+@dataclass(frozen=True, kw_only=True)
+class Budget:
+    """How long ``fit`` trains by default: optimizer steps rather than epochs, so that the budget follows the
+    data's size, and a bound on the wall time whatever the data.
+
+    A fixed number of epochs starves small data (400 training samples at batch 200 make 2 steps an epoch:
+    1000 epochs are 2,000 steps) and lets large data run for hours. Here the epoch cap is ``steps`` steps'
+    worth of epochs (never fewer than the KL annealing's), the early-stopping patience ``patience_steps``
+    steps' worth (never fewer than ``min_patience`` epochs), and training stops after ``seconds``. A given
+    ``epochs`` or ``patience`` replaces its rule (``patience=0``: no early stopping).
+    """
+
+    steps: int = 10_000
+    patience_steps: int = 1_000
+    min_patience: int = 30
+    seconds: float | None = 600.0
+    epochs: int | None = None
+    patience: int | None = None
+
+    def max_epochs(self, samples: int, config: TrainConfig) -> int:
+        """The epoch cap for ``samples`` training samples."""
+        if self.epochs is not None:
+            return self.epochs
+        per_epoch = math.ceil(samples / config.batch_size)
+        return max(config.hyperparameters.annealing_step, math.ceil(self.steps / per_epoch))
+
+    def early_stopping(self, samples: int, config: TrainConfig) -> EarlyStopping | None:
+        """The early stopping for ``samples`` training samples; None for ``patience=0``."""
+        if self.patience is not None:
+            return EarlyStopping(patience=self.patience) if self.patience > 0 else None
+        per_epoch = math.ceil(samples / config.batch_size)
+        return EarlyStopping(patience=max(self.min_patience, math.ceil(self.patience_steps / per_epoch)))
+
+
 @dataclass(frozen=True)
 class History:
     """What one member's training went through, epoch by epoch."""
@@ -58,6 +92,11 @@ class History:
     train_loss: list[float]  # mean over the epoch's samples
     validation_loss: list[float]  # empty without validation data
     epoch_seconds: list[float]  # the whole stacked run's time per epoch
+    # The time limit ended the run (early stopping did not).
+    timed_out: bool = False
+    # The epoch cap or the time limit ended the run while the validation loss was still improving: its best
+    # epoch lies within the last ``patience`` epochs (with early stopping only).
+    still_improving: bool = False
 
 
 @dataclass(frozen=True)
@@ -119,7 +158,8 @@ def train_members(
     present: Sequence[np.ndarray | None] | None = None,
     validation: Sequence[SampleSet] | None = None,
     early_stopping: EarlyStopping | None = None,
-    progress: bool | Progress | None = None,
+    time_limit: float | None = None,
+    progress: bool | Progress | Callable[[int], Progress] | None = None,
 ) -> list[Trained]:
     """Train M independent models at once, one per seed, each on its own data: as :func:`train` M times.
 
@@ -148,9 +188,11 @@ def train_members(
         Each member's validation samples, the same number for all: their loss is recorded every epoch.
     early_stopping : EarlyStopping, optional
         Stop on the validation loss (needs ``validation``); each member keeps its best epoch's heads.
-    progress : bool or Progress, optional
-        A reporter (:mod:`training.progress`), or whether to show a bar; default: a bar when stderr is a
-        terminal and not under CI.
+    time_limit : float, optional
+        Stop after the epoch during which this many seconds of training have passed.
+    progress : bool, Progress or callable, optional
+        A reporter (:mod:`training.progress`), a function of the epoch cap that makes one, or whether to
+        show a bar; default: a bar when stderr is a terminal and not under CI.
 
     Returns
     -------
@@ -172,7 +214,7 @@ def train_members(
     hp = config.hyperparameters
     optimizer = torch.optim.Adam(stacked.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
     reporter = _reporter(progress, config.epochs)
-    watch = _Watch(len(seeds), early_stopping, annealing_step=hp.annealing_step)
+    watch = _Watch(len(seeds), early_stopping, annealing_step=hp.annealing_step, time_limit=time_limit)
     for epoch in range(1, config.epochs + 1):
         started = time.perf_counter()
         train_loss = _train_epoch(
@@ -303,15 +345,24 @@ class _Watch:
     """Per member, the epochs' losses and times, the best epoch on the validation loss and its weights;
     whether to stop early."""
 
-    def __init__(self, m: int, early_stopping: EarlyStopping | None, *, annealing_step: int) -> None:
+    def __init__(
+        self,
+        m: int,
+        early_stopping: EarlyStopping | None,
+        *,
+        annealing_step: int,
+        time_limit: float | None,
+    ) -> None:
         self.early_stopping = early_stopping
         self.annealing_step = annealing_step
+        self.deadline = None if time_limit is None else time.perf_counter() + time_limit
         self.records = [_Record() for _ in range(m)]
         self.best = [math.inf] * m
         self.best_epoch = [0] * m
         self.best_state: list[dict[str, torch.Tensor] | None] = [None] * m
         self.epoch = 0
         self.stopped_early = False
+        self.timed_out = False
 
     def record(
         self,
@@ -334,13 +385,24 @@ class _Watch:
 
     def stop(self, epoch: int) -> bool:
         """Whether every member has gone ``patience`` epochs without a better validation loss (never
-        before the KL annealing is complete)."""
+        before the KL annealing is complete), or the time is up."""
         self.stopped_early = (
             self.early_stopping is not None
             and epoch >= self.annealing_step
             and all(epoch - best >= self.early_stopping.patience for best in self.best_epoch)
         )
-        return self.stopped_early
+        self.timed_out = (
+            not self.stopped_early and self.deadline is not None and time.perf_counter() >= self.deadline
+        )
+        return self.stopped_early or self.timed_out
+
+    def still_improving(self, m: int) -> bool:
+        """Whether member ``m``'s best validation loss is within its last ``patience`` epochs."""
+        return (
+            self.early_stopping is not None
+            and self.best_state[m] is not None
+            and self.epoch - self.best_epoch[m] < self.early_stopping.patience
+        )
 
     def finish(self, stacked: _StackedHeads, members: Sequence[EvidentialHeads]) -> list[Trained]:
         """Each member's best epoch's heads (its last without early stopping) and its history."""
@@ -358,6 +420,8 @@ class _Watch:
                     train_loss=record.train_loss,
                     validation_loss=record.validation_loss,
                     epoch_seconds=record.epoch_seconds,
+                    timed_out=self.timed_out,
+                    still_improving=self.still_improving(i),
                 ),
             )
             for i, (member, record) in enumerate(zip(heads, self.records, strict=True))
@@ -428,11 +492,13 @@ def _validation_loss(
     return (total / max(n, 1)).tolist()
 
 
-def _reporter(progress: bool | Progress | None, total: int) -> Progress:
+def _reporter(progress: bool | Progress | Callable[[int], Progress] | None, total: int) -> Progress:
     if progress is None:
         progress = sys.stderr.isatty() and not os.environ.get("CI")
     if isinstance(progress, bool):
         return ProgressBar(total) if progress else Silent()
+    if callable(progress):  # a reporter has no __call__: this makes one for the epoch cap
+        return progress(total)
     return progress
 
 
