@@ -116,6 +116,7 @@ def _export(args: argparse.Namespace) -> int:
         method=args.method,
         lam=args.lam,
         epochs=args.epochs,
+        hidden=args.hidden,
         hyperparameters=DATASETS[args.dataset].hyperparameters,
         seed=args.seed,
     )
@@ -134,6 +135,7 @@ def _export(args: argparse.Namespace) -> int:
 def _fit(args: argparse.Namespace) -> int:
     import time
 
+    from training.architecture import CANDIDATES
     from training.data import DataError
     from training.fit import fit
     from training.progress import progress_for
@@ -174,6 +176,7 @@ def _fit(args: argparse.Namespace) -> int:
             seed=args.seed,
             target_false_positive_rate=args.target_fpr,
             budget=budget,
+            hidden=CANDIDATES if args.hidden is None else [args.hidden],
             card=True,
             progress=lambda epochs: progress_for(epochs, quiet=args.quiet),
             in_place=True,  # the data was read for this fit alone: scaled where it lies, never held twice
@@ -211,6 +214,21 @@ def _summary(out: Path, manifest) -> str:
 
 # fit's time limit: the budget of optimizer steps (training.train.Budget) ends most fits well before it.
 FIT_MINUTES = 10.0
+
+
+def _hidden(text: str) -> tuple[int, ...]:
+    """Hidden-layer widths from ``512,256``; ``0`` or ``linear``: none."""
+    if text.strip() in ("0", "linear"):
+        return ()
+    try:
+        widths = tuple(int(part) for part in _names(text))
+    except ValueError:
+        widths = ()
+    if not widths or min(widths) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated positive layer widths (e.g. 512,256), or 0 or linear; got {text!r}"
+        )
+    return widths
 
 
 def _minutes(text: str) -> float:
@@ -271,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         default=["exp"],
         help="comma-separated: exp,softplus, or paper (the paper's Table 3: exp for DBF, softplus otherwise)",
     )
-    grid.add_argument("--hidden", type=lambda s: tuple(int(x) for x in _names(s)), default=())
+    grid.add_argument("--hidden", type=_hidden, default=())
     grid.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     grid.set_defaults(run=_experiment)
 
@@ -298,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     out.add_argument("--method", default="dbf", choices=METHODS)
     out.add_argument("--lambda", dest="lam", type=float, default=1.0)
     out.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS)
+    out.add_argument(
+        "--hidden", type=_hidden, default=(), help="hidden layer widths, e.g. 512,256 (default: linear heads)"
+    )
     out.add_argument("--seed", type=int, default=0)
     out.add_argument("--target-fpr", type=float, default=0.05, help="flag rate on clean validation samples")
     out.set_defaults(run=_export)
@@ -349,6 +370,12 @@ def main(argv: list[str] | None = None) -> int:
         type=_minutes,
         default=FIT_MINUTES,
         help=f"stop training after this long, keeping the best epoch's heads (default {FIT_MINUTES:g})",
+    )
+    own.add_argument(
+        "--hidden",
+        type=_hidden,
+        help="hidden layer widths of each view's head, e.g. 512,256; 0 or linear: a linear head (default: "
+        "linear or one hidden layer of 64, whichever is more accurate on the validation split)",
     )
     own.add_argument("--seed", type=int, default=0, help="seeds the split and the heads' initialisation")
     own.add_argument("--lambda", dest="lam", type=float, default=1.0, help="DBF's strictness (default 1)")

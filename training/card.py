@@ -17,6 +17,7 @@ import numpy as np
 
 from fusion import opinion_from_evidence, projected_probability
 from manifest import Manifest
+from training.architecture import HeadChoice
 from training.calibrate import REPORT_COVERAGES, evaluate_calibration
 from training.fit import FitReport
 
@@ -298,7 +299,7 @@ def training(report: FitReport, manifest: Manifest) -> Section:
         )
     total = sum(report.seconds.values())
     text = (
-        f"One {'linear head' if not config.hidden else 'network'} per view with the "
+        f"One head per view ({_architecture(config.hidden)}{_choice(report.choice)}) with the "
         f"{'capped exponential' if config.activation == 'exp' else 'softplus'} evidence activation, trained "
         f"with the paper's loss fused by {config.method.upper()} (lambda {config.lam:g}): learning rate "
         f"{hp.lr:g}, KL annealing over {hp.annealing_step} epochs, gamma {hp.gamma:g}, weight decay "
@@ -320,6 +321,28 @@ SECTIONS: tuple[SectionMaker, ...] = (
     training,
 )
 """The card's sections, in order."""
+
+
+def _architecture(hidden: tuple[int, ...]) -> str:
+    if not hidden:
+        return "linear"
+    layers = "a hidden layer" if len(hidden) == 1 else "hidden layers"
+    return f"{layers} of {', '.join(map(str, hidden))} units"
+
+
+def _choice(choice: HeadChoice | None) -> str:
+    """How the heads were chosen, where ``fit`` chose."""
+    if choice is None:
+        return ""
+    others = ", ".join(
+        f"{_percent(c.accuracy)} with {_architecture(c.hidden)}"
+        for c in choice.candidates
+        if c is not choice.chosen
+    )
+    return (
+        f"; chosen for its fused validation accuracy, {_percent(choice.chosen.accuracy)}, against {others}; "
+        "a hidden layer is kept only where more accurate"
+    )
 
 
 def _percent(value: float) -> str:

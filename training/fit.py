@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -28,6 +28,7 @@ import torch
 
 from fusion import fuse, opinion_from_evidence
 from manifest import NAME_PATTERN, FusionDefaults, Manifest, Metrics, ViewEntry
+from training.architecture import HeadChoice, choose_heads
 from training.calibrate import FlagScores, FusedSplit, PostHoc, calibrate, flag_scores
 from training.data import MultiViewData
 from training.evaluate import Evaluation, measure
@@ -42,6 +43,7 @@ from training.train import (
     EarlyStopping,
     History,
     TrainConfig,
+    Trained,
     predict_evidence,
     train_members,
 )
@@ -78,7 +80,9 @@ class FitReport:
     metrics : Metrics
         The manifest's measures.
     config, seed, early_stopping, time_limit
-        How it was trained.
+        How it was trained (``config.hidden``: the heads kept).
+    choice : HeadChoice or None
+        The head architectures measured on the validation split, where ``fit`` chose between several.
     seconds : dict of str to float
         Wall time of each phase.
     """
@@ -97,6 +101,7 @@ class FitReport:
     early_stopping: EarlyStopping | None
     seconds: dict[str, float]
     time_limit: float | None = None
+    choice: HeadChoice | None = None
 
     def training(self) -> dict[str, object]:
         """The manifest's ``training`` record: settings, seed, epochs and split sizes."""
@@ -155,6 +160,7 @@ def fit(
     target_false_positive_rate: float = 0.05,
     early_stopping: EarlyStopping | None = None,
     budget: Budget | None = None,
+    hidden: Sequence[tuple[int, ...]] | None = None,
     name: str | None = None,
     card: bool = False,
     progress: bool | Progress | Callable[[int], Progress] | None = None,
@@ -180,6 +186,10 @@ def fit(
     budget : Budget, optional
         Instead of ``config.epochs`` and ``early_stopping``: the epoch cap and the early stopping from the
         training split's size, and a time limit (``python -m training fit``'s default).
+    hidden : sequence of tuple of int, optional
+        Hidden widths of the heads to choose between on the validation split
+        (:func:`training.architecture.choose_heads`; each gets an equal share of the time limit);
+        default: ``config.hidden`` alone.
     name : str, optional
         The model's name (default: ``out_dir``'s).
     card : bool
@@ -216,21 +226,36 @@ def fit(
         config = replace(config, epochs=budget.max_epochs(len(sets.train), config))
         early_stopping, time_limit = budget.early_stopping(len(sets.train), config), budget.seconds
 
+    candidates = [config.hidden] if hidden is None else [tuple(widths) for widths in hidden]
+    if time_limit is not None:
+        time_limit /= len(candidates)
+
+    def train_heads(widths: tuple[int, ...]) -> Trained:
+        return train_members(
+            [list(sets.views.values())],
+            [data.labels],
+            num_classes=data.num_classes,
+            config=replace(config, hidden=widths),
+            seeds=[config.seed],
+            rows=[sets.train.rows],
+            present=[sets.present],
+            validation=[sets.validation],
+            early_stopping=early_stopping,
+            time_limit=time_limit,
+            progress=progress,
+        )[0]
+
     started = time.perf_counter()
     torch.set_num_threads(1)  # deterministic float summation order, hence the same weights and bytes
-    trained = train_members(
-        [list(sets.views.values())],
-        [data.labels],
-        num_classes=data.num_classes,
-        config=config,
-        seeds=[config.seed],
-        rows=[sets.train.rows],
-        present=[sets.present],
-        validation=[sets.validation],
-        early_stopping=early_stopping,
-        time_limit=time_limit,
-        progress=progress,
-    )[0]
+    trained, choice = choose_heads(
+        train_heads,
+        candidates,
+        sets.validation,
+        sets.conflictive["validation"],
+        method=config.method,
+        lam=config.lam,
+    )
+    config = replace(config, hidden=candidates[0] if choice is None else choice.chosen.hidden)
     seconds["training"] = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -304,6 +329,7 @@ def fit(
         early_stopping=early_stopping,
         seconds=seconds,
         time_limit=time_limit,
+        choice=choice,
     )
 
     def write_card(directory: Path, manifest: Manifest) -> None:
