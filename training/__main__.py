@@ -10,11 +10,12 @@
 
 ``python -m training calibration MODEL_DIR [MODEL_DIR ...] [--data-dir DIR]``
 
-``python -m training export --dataset NAME --out models/NAME [--data-dir DIR] [--epochs E] [--seed S]``
+``python -m training export --dataset NAME --out models/NAME [--data-dir DIR] [--epochs E] [--hidden W,W]
+[--seed S]``
 
 ``python -m training fit --data PATH|NAME --out models/NAME [--views a,b,c] [--label-column C]
-[--classes a,b,c] [--split-column C] [--epochs E] [--patience P] [--seed S] [--lambda L] [--target-fpr F]
-[--quiet]``
+[--classes a,b,c] [--split-column C] [--epochs E] [--patience P] [--max-minutes M] [--hidden W,W]
+[--seed S] [--lambda L] [--target-fpr F] [--quiet]``
 """
 
 from __future__ import annotations
@@ -212,10 +213,6 @@ def _summary(out: Path, manifest) -> str:
     )
 
 
-# fit's time limit: the budget of optimizer steps (training.train.Budget) ends most fits well before it.
-FIT_MINUTES = 10.0
-
-
 def _hidden(text: str) -> tuple[int, ...]:
     """Hidden-layer widths from ``512,256``; ``0`` or ``linear``: none."""
     if text.strip() in ("0", "linear"):
@@ -263,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     fetch.add_argument("--mirror", help="base URL to fetch every file from instead of its public source")
     fetch.set_defaults(run=_download)
 
+    from training.architecture import SMALL_HIDDEN
     from training.experiment import DEFAULT_EPOCHS
     from training.train import Budget
 
@@ -368,14 +366,16 @@ def main(argv: list[str] | None = None) -> int:
     own.add_argument(
         "--max-minutes",
         type=_minutes,
-        default=FIT_MINUTES,
-        help=f"stop training after this long, keeping the best epoch's heads (default {FIT_MINUTES:g})",
+        default=Budget.seconds / 60,
+        help="stop training after this long, keeping the best epoch's heads; two candidate heads get half "
+        f"each (default {Budget.seconds / 60:g})",
     )
     own.add_argument(
         "--hidden",
         type=_hidden,
         help="hidden layer widths of each view's head, e.g. 512,256; 0 or linear: a linear head (default: "
-        "linear or one hidden layer of 64, whichever is more accurate on the validation split)",
+        f"linear or hidden layers of {','.join(map(str, SMALL_HIDDEN))}, whichever is more accurate on the "
+        "validation split)",
     )
     own.add_argument("--seed", type=int, default=0, help="seeds the split and the heads' initialisation")
     own.add_argument("--lambda", dest="lam", type=float, default=1.0, help="DBF's strictness (default 1)")
