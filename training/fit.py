@@ -1,14 +1,16 @@
 """From a dataset to a served model's directory: split and scale, train, calibrate, measure, write.
 
-:func:`fit` is the one path: a user's data (``python -m training fit``: early stopping on the validation loss
-and a model card) and the benchmark datasets (:func:`export`, ``python -m training export``: the paper's
-hyperparameters and a fixed number of epochs, what ``models/`` is made with) both go through it.
+:func:`fit` is the one path: a user's data (``python -m training fit``: a budget of optimizer steps with early
+stopping on the validation loss, the heads' architecture chosen on it, and a model card) and the benchmark
+datasets (:func:`export`, ``python -m training export``: the paper's hyperparameters and a fixed number of
+epochs, what ``models/`` is made with) both go through it.
 
 1. the ``heldout`` protocol (:func:`training.protocol.assemble`): stratified train / validation / test split
    (or the data's split column), scaling fitted on the training split, conflictive copies of the
    validation and test splits;
 2. one evidential head per view, trained with the paper's loss and the model's fusion
-   (:func:`training.train.train_members`), on the rows that have each view;
+   (:func:`training.train.train_members`), on the rows that have each view; with several candidate
+   architectures, each is trained and the one kept that :func:`training.architecture.choose_heads` picks;
 3. everything post-hoc fitted on the validation split (:func:`training.calibrate.calibrate`);
 4. the measures on the test split and over every sample, for the manifest;
 5. the ONNX graphs, the manifest and the card, written all at once (:func:`training.export.write_model`).
