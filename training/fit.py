@@ -249,6 +249,8 @@ def fit(
 
     started = time.perf_counter()
     torch.set_num_threads(1)  # deterministic float summation order, hence the same weights and bytes
+    # Saturated heads' gradients turn subnormal, which x86 computes many times slower: flushed, they are 0.
+    torch.set_flush_denormal(True)
     trained, choice = choose_heads(
         train_heads,
         candidates,
