@@ -10,11 +10,12 @@
 
 ``python -m training calibration MODEL_DIR [MODEL_DIR ...] [--data-dir DIR]``
 
-``python -m training export --dataset NAME --out models/NAME [--data-dir DIR] [--epochs E] [--seed S]``
+``python -m training export --dataset NAME --out models/NAME [--data-dir DIR] [--epochs E] [--hidden W,W]
+[--seed S]``
 
 ``python -m training fit --data PATH|NAME --out models/NAME [--views a,b,c] [--label-column C]
-[--classes a,b,c] [--split-column C] [--epochs E] [--patience P] [--seed S] [--lambda L] [--target-fpr F]
-[--quiet]``
+[--classes a,b,c] [--split-column C] [--epochs E] [--patience P] [--max-minutes M] [--hidden W,W]
+[--seed S] [--lambda L] [--target-fpr F] [--quiet]``
 """
 
 from __future__ import annotations
@@ -117,6 +118,7 @@ def _export(args: argparse.Namespace) -> int:
         method=args.method,
         lam=args.lam,
         epochs=args.epochs,
+        hidden=args.hidden,
         hyperparameters=DATASETS[args.dataset].hyperparameters,
         seed=args.seed,
     )
@@ -139,12 +141,13 @@ def _export(args: argparse.Namespace) -> int:
 def _fit(args: argparse.Namespace) -> int:
     import time
 
+    from training.architecture import CANDIDATES
     from training.data import DataError
     from training.fit import fit
     from training.progress import progress_for
     from training.readers import load
     from training.registry import DEFAULT_HYPERPARAMETERS
-    from training.train import EarlyStopping, TrainConfig
+    from training.train import Budget, TrainConfig
 
     started = time.perf_counter()
     try:
@@ -169,9 +172,8 @@ def _fit(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     hyperparameters = data.spec.hyperparameters if data.spec is not None else DEFAULT_HYPERPARAMETERS
-    config = TrainConfig(
-        method=args.method, lam=args.lam, epochs=args.epochs, hyperparameters=hyperparameters, seed=args.seed
-    )
+    config = TrainConfig(method=args.method, lam=args.lam, hyperparameters=hyperparameters, seed=args.seed)
+    budget = Budget(epochs=args.epochs, patience=args.patience, seconds=args.max_minutes * 60)
     try:
         manifest, report = fit(
             data,
@@ -179,9 +181,10 @@ def _fit(args: argparse.Namespace) -> int:
             config=config,
             seed=args.seed,
             target_false_positive_rate=args.target_fpr,
-            early_stopping=EarlyStopping(patience=args.patience) if args.patience > 0 else None,
+            budget=budget,
+            hidden=CANDIDATES if args.hidden is None else [args.hidden],
             card=True,
-            progress=progress_for(args.epochs, quiet=args.quiet),
+            progress=lambda epochs: progress_for(epochs, quiet=args.quiet),
             in_place=True,  # the data was read for this fit alone: scaled where it lies, never held twice
         )
     except (DataError, ValueError) as error:
@@ -191,10 +194,18 @@ def _fit(args: argparse.Namespace) -> int:
     stop = f", best {history.best_epoch}" + (", stopped early" if history.stopped_early else "")
     print(
         _summary(args.out, manifest)
-        + f"\n{history.epochs} epochs{stop if report.early_stopping else ''} in "
+        + f"\n{history.epochs} epochs{stop if report.early_stopping else ''}{_cut_short(history)} in "
         + f"{read + sum(report.seconds.values()):.0f} s; card: {Path(args.out) / 'card.md'}"
     )
     return 0
+
+
+def _cut_short(history) -> str:
+    """What the summary line says of a run that the epoch cap or the time limit ended."""
+    limit = ("the time limit", "--max-minutes") if history.timed_out else ("the epoch cap", "--epochs")
+    if history.still_improving:
+        return f", stopped by {limit[0]} while the validation loss still improved (raise {limit[1]})"
+    return f", stopped by {limit[0]}" if history.timed_out else ""
 
 
 def _summary(out: Path, manifest) -> str:
@@ -207,10 +218,26 @@ def _summary(out: Path, manifest) -> str:
     )
 
 
-# fit's defaults. The paper's 1000 epochs as the most; a patience of 30 stops HandWritten near epoch 830
-# (0.973 accuracy, AUROC 0.84, about a minute), where a patience of 100 ran all 1000 for 0.973 and 0.845.
-FIT_EPOCHS = 1000
-FIT_PATIENCE = 30
+def _hidden(text: str) -> tuple[int, ...]:
+    """Hidden-layer widths from ``512,256``; ``0`` or ``linear``: none."""
+    if text.strip() in ("0", "linear"):
+        return ()
+    try:
+        widths = tuple(int(part) for part in _names(text))
+    except ValueError:
+        widths = ()
+    if not widths or min(widths) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated positive layer widths (e.g. 512,256), or 0 or linear; got {text!r}"
+        )
+    return widths
+
+
+def _minutes(text: str) -> float:
+    minutes = float(text)
+    if not minutes > 0 or minutes == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of minutes, got {text!r}")
+    return minutes
 
 
 def _names(text: str) -> list[str]:
@@ -238,7 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     fetch.add_argument("--mirror", help="base URL to fetch every file from instead of its public source")
     fetch.set_defaults(run=_download)
 
+    from training.architecture import SMALL_HIDDEN
     from training.experiment import DEFAULT_EPOCHS
+    from training.train import Budget
 
     grid = commands.add_parser(
         "experiment", help="train and evaluate a grid of runs; write results and tables"
@@ -263,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         default=["exp"],
         help="comma-separated: exp,softplus, or paper (the paper's Table 3: exp for DBF, softplus otherwise)",
     )
-    grid.add_argument("--hidden", type=lambda s: tuple(int(x) for x in _names(s)), default=())
+    grid.add_argument("--hidden", type=_hidden, default=())
     grid.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     grid.set_defaults(run=_experiment)
 
@@ -290,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     out.add_argument("--method", default="dbf", choices=METHODS)
     out.add_argument("--lambda", dest="lam", type=float, default=1.0)
     out.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS)
+    out.add_argument(
+        "--hidden", type=_hidden, default=(), help="hidden layer widths, e.g. 512,256 (default: linear heads)"
+    )
     out.add_argument("--seed", type=int, default=0)
     out.add_argument("--target-fpr", type=float, default=0.05, help="flag rate on clean validation samples")
     out.set_defaults(run=_export)
@@ -326,14 +358,30 @@ def main(argv: list[str] | None = None) -> int:
         "instead of a stratified 70/10/20 split",
     )
     own.add_argument(
-        "--epochs", type=int, default=FIT_EPOCHS, help=f"at most this many (default {FIT_EPOCHS})"
+        "--epochs",
+        type=int,
+        help=f"at most this many (default: {Budget.steps:,} optimizer steps' worth, at least the KL "
+        "annealing's epochs)",
     )
     own.add_argument(
         "--patience",
         type=int,
-        default=FIT_PATIENCE,
-        help="stop after this many epochs without "
-        f"a better validation loss (default {FIT_PATIENCE}; 0: train every epoch)",
+        help="stop after this many epochs without a better validation loss (default: "
+        f"{Budget.patience_steps:,} optimizer steps' worth, at least {Budget.min_patience}; 0: every epoch)",
+    )
+    own.add_argument(
+        "--max-minutes",
+        type=_minutes,
+        default=Budget.seconds / 60,
+        help="stop training after this long, keeping the best epoch's heads; two candidate heads get half "
+        f"each (default {Budget.seconds / 60:g})",
+    )
+    own.add_argument(
+        "--hidden",
+        type=_hidden,
+        help="hidden layer widths of each view's head, e.g. 512,256; 0 or linear: a linear head (default: "
+        f"linear or hidden layers of {','.join(map(str, SMALL_HIDDEN))}, whichever is more accurate on the "
+        "validation split)",
     )
     own.add_argument("--seed", type=int, default=0, help="seeds the split and the heads' initialisation")
     own.add_argument("--lambda", dest="lam", type=float, default=1.0, help="DBF's strictness (default 1)")

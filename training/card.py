@@ -17,6 +17,7 @@ import numpy as np
 
 from fusion import opinion_from_evidence, projected_probability
 from manifest import Manifest
+from training.architecture import HeadChoice
 from training.calibrate import REPORT_COVERAGES, evaluate_calibration
 from training.fit import FitReport
 
@@ -284,14 +285,21 @@ def training(report: FitReport, manifest: Manifest) -> Section:
         stopping = f"{history.epochs} epochs"
     else:
         ending = "stopped early" if history.stopped_early else "reached the maximum"
+        ending = "reached the time limit" if history.timed_out else ending
         stopping = (
             f"{history.epochs} of at most {config.epochs} epochs ({ending}; patience "
             f"{report.early_stopping.patience}), keeping epoch {history.best_epoch}'s heads, the best on the "
             "validation loss"
         )
+    if history.still_improving:
+        limit = "time limit" if history.timed_out else "epoch cap"
+        stopping += (
+            f". **The {limit} ended training while the validation loss was still improving** (best epoch "
+            "within the last patience): more epochs or time may fit better"
+        )
     total = sum(report.seconds.values())
     text = (
-        f"One {'linear head' if not config.hidden else 'network'} per view with the "
+        f"One head per view ({_architecture(config.hidden)}{_choice(report.choice)}) with the "
         f"{'capped exponential' if config.activation == 'exp' else 'softplus'} evidence activation, trained "
         f"with the paper's loss fused by {config.method.upper()} (lambda {config.lam:g}): learning rate "
         f"{hp.lr:g}, KL annealing over {hp.annealing_step} epochs, gamma {hp.gamma:g}, weight decay "
@@ -313,6 +321,28 @@ SECTIONS: tuple[SectionMaker, ...] = (
     training,
 )
 """The card's sections, in order."""
+
+
+def _architecture(hidden: tuple[int, ...]) -> str:
+    if not hidden:
+        return "linear"
+    layers = "a hidden layer" if len(hidden) == 1 else "hidden layers"
+    return f"{layers} of {', '.join(map(str, hidden))} units"
+
+
+def _choice(choice: HeadChoice | None) -> str:
+    """How the heads were chosen, where ``fit`` chose."""
+    if choice is None:
+        return ""
+    others = ", ".join(
+        f"{_percent(c.accuracy)} with {_architecture(c.hidden)}"
+        for c in choice.candidates
+        if c is not choice.chosen
+    )
+    return (
+        f"; chosen for its fused validation accuracy, {_percent(choice.chosen.accuracy)}, against {others}; "
+        "a hidden layer is kept only where more accurate"
+    )
 
 
 def _percent(value: float) -> str:

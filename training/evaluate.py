@@ -110,7 +110,6 @@ def measure(
     conflict = fuse(opinion_from_evidence(conflictive_evidence), method, lam=lam, mask=conflictive_present)
     scores = np.concatenate([normal.uncertainty, conflict.uncertainty])
     positive = np.concatenate([np.zeros(len(clean_labels), bool), np.ones(len(conflictive_labels), bool)])
-    probability = np.clip(normal.probability, 0.0, 1.0)  # float32 rounding can leave 1 + 6e-8
     if clean_present is None:
         view_uncertainty = views.uncertainty.mean(0)
     else:
@@ -119,9 +118,9 @@ def measure(
         acc_normal=accuracy(normal.probability, clean_labels),
         acc_conflict=accuracy(conflict.probability, conflictive_labels),
         auc=auroc(scores, positive),
-        ece=expected_calibration_error(probability, clean_labels),
-        brier=brier_score(probability, clean_labels),
-        nll=negative_log_likelihood(probability, clean_labels),
+        ece=expected_calibration_error(normal.probability, clean_labels),
+        brier=brier_score(normal.probability, clean_labels),
+        nll=negative_log_likelihood(normal.probability, clean_labels),
         uncertainty_normal=float(normal.uncertainty.mean()),
         uncertainty_conflict=float(conflict.uncertainty.mean()),
         view_uncertainty=[float(u) for u in view_uncertainty],

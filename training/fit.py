@@ -1,14 +1,16 @@
 """From a dataset to a served model's directory: split and scale, train, calibrate, measure, write.
 
-:func:`fit` is the one path: a user's data (``python -m training fit``: early stopping on the validation loss
-and a model card) and the benchmark datasets (:func:`export`, ``python -m training export``: the paper's
-hyperparameters and a fixed number of epochs, what ``models/`` is made with) both go through it.
+:func:`fit` is the one path: a user's data (``python -m training fit``: a budget of optimizer steps with early
+stopping on the validation loss, the heads' architecture chosen on it, and a model card) and the benchmark
+datasets (:func:`export`, ``python -m training export``: the paper's hyperparameters and a fixed number of
+epochs, what ``models/`` is made with) both go through it.
 
 1. the ``heldout`` protocol (:func:`training.protocol.assemble`): stratified train / validation / test split
    (or the data's split column), scaling fitted on the training split, conflictive copies of the
    validation and test splits;
 2. one evidential head per view, trained with the paper's loss and the model's fusion
-   (:func:`training.train.train_members`), on the rows that have each view;
+   (:func:`training.train.train_members`), on the rows that have each view; with several candidate
+   architectures, each is trained and the one kept that :func:`training.architecture.choose_heads` picks;
 3. everything post-hoc fitted on the validation split (:func:`training.calibrate.calibrate`);
 4. the measures on the test split and over every sample, for the manifest;
 5. the ONNX graphs, the manifest and the card, written all at once (:func:`training.export.write_model`).
@@ -19,7 +21,8 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +30,7 @@ import torch
 
 from fusion import fuse, opinion_from_evidence
 from manifest import NAME_PATTERN, FusionDefaults, Manifest, Metrics, OutOfRange, ViewEntry
+from training.architecture import HeadChoice, choose_heads
 from training.calibrate import (
     FlagScores,
     FusedSplit,
@@ -43,7 +47,15 @@ from training.progress import Progress
 from training.protocol import EvaluationSets, assemble
 from training.readers import read_registered
 from training.registry import dataset_spec
-from training.train import EarlyStopping, History, TrainConfig, predict_evidence, train_members
+from training.train import (
+    Budget,
+    EarlyStopping,
+    History,
+    TrainConfig,
+    Trained,
+    predict_evidence,
+    train_members,
+)
 
 __all__ = ["FitReport", "export", "fit"]
 
@@ -76,8 +88,10 @@ class FitReport:
         The paper's measures on the clean and conflictive test samples.
     metrics : Metrics
         The manifest's measures.
-    config, seed, early_stopping
-        How it was trained.
+    config, seed, early_stopping, time_limit
+        How it was trained (``config.hidden``: the heads kept).
+    choice : HeadChoice or None
+        The head architectures measured on the validation split, where ``fit`` chose between several.
     seconds : dict of str to float
         Wall time of each phase.
     """
@@ -95,6 +109,8 @@ class FitReport:
     seed: int
     early_stopping: EarlyStopping | None
     seconds: dict[str, float]
+    time_limit: float | None = None
+    choice: HeadChoice | None = None
 
     def training(self) -> dict[str, object]:
         """The manifest's ``training`` record: settings, seed, epochs and split sizes."""
@@ -122,6 +138,10 @@ class FitReport:
             record["max_epochs"] = config.epochs
             record["patience"] = self.early_stopping.patience
             record["best_epoch"] = self.history.best_epoch
+            record["still_improving"] = self.history.still_improving
+        if self.time_limit is not None:
+            record["time_limit_seconds"] = self.time_limit
+            record["timed_out"] = self.history.timed_out
         return record
 
     def manifest(self, views: list[ViewEntry], *, name: str) -> Manifest:
@@ -149,9 +169,11 @@ def fit(
     seed: int = 0,
     target_false_positive_rate: float = 0.05,
     early_stopping: EarlyStopping | None = None,
+    budget: Budget | None = None,
+    hidden: Sequence[tuple[int, ...]] | None = None,
     name: str | None = None,
     card: bool = False,
-    progress: bool | Progress | None = None,
+    progress: bool | Progress | Callable[[int], Progress] | None = None,
     in_place: bool = False,
 ) -> tuple[Manifest, FitReport]:
     """Train, calibrate, measure and write ``data``'s model to ``out_dir`` (see the module notes).
@@ -172,11 +194,18 @@ def fit(
         The share of clean validation samples the high-conflict flag raises.
     early_stopping : EarlyStopping, optional
         Stop on the validation loss; None trains ``config.epochs`` epochs.
+    budget : Budget, optional
+        Instead of ``config.epochs`` and ``early_stopping``: the epoch cap and the early stopping from the
+        training split's size, and a time limit (``python -m training fit``'s default).
+    hidden : sequence of tuple of int, optional
+        Hidden widths of the heads to choose between on the validation split
+        (:func:`training.architecture.choose_heads`; each gets an equal share of the time limit);
+        default: ``config.hidden`` alone.
     name : str, optional
         The model's name (default: ``out_dir``'s).
     card : bool
         Write the model card (:mod:`training.card`) beside the manifest.
-    progress : bool or Progress, optional
+    progress : bool, Progress or callable, optional
         How training reports its epochs (:func:`training.train.train_members`).
     in_place : bool
         Scale ``data``'s features in place: for data too large to hold twice. ``data`` is spent afterwards.
@@ -196,6 +225,8 @@ def fit(
         raise ValueError(
             f"the target false-positive rate must lie in (0, 1), got {target_false_positive_rate}"
         )
+    if budget is not None and early_stopping is not None:
+        raise ValueError("give a budget or early stopping, not both")
     seconds: dict[str, float] = {}
     started = time.perf_counter()
     raw = _parity_rows(data)  # before scaling: in place, the raw features are gone afterwards
@@ -203,21 +234,43 @@ def fit(
     seconds["scaling"] = time.perf_counter() - started
     check_calibration_splits(data, sets)
     check_model_dir(out, data=_data_path(data))  # and again where it is replaced, once trained
+    time_limit = None
+    if budget is not None:
+        config = replace(config, epochs=budget.max_epochs(len(sets.train), config))
+        early_stopping, time_limit = budget.early_stopping(len(sets.train), config), budget.seconds
+
+    candidates = [config.hidden] if hidden is None else [tuple(widths) for widths in hidden]
+    if time_limit is not None:
+        time_limit /= len(candidates)
+
+    def train_heads(widths: tuple[int, ...]) -> Trained:
+        return train_members(
+            [list(sets.views.values())],
+            [data.labels],
+            num_classes=data.num_classes,
+            config=replace(config, hidden=widths),
+            seeds=[config.seed],
+            rows=[sets.train.rows],
+            present=[sets.present],
+            validation=[sets.validation],
+            early_stopping=early_stopping,
+            time_limit=time_limit,
+            progress=progress,
+        )[0]
 
     started = time.perf_counter()
     torch.set_num_threads(1)  # deterministic float summation order, hence the same weights and bytes
-    trained = train_members(
-        [list(sets.views.values())],
-        [data.labels],
-        num_classes=data.num_classes,
-        config=config,
-        seeds=[config.seed],
-        rows=[sets.train.rows],
-        present=[sets.present],
-        validation=[sets.validation],
-        early_stopping=early_stopping,
-        progress=progress,
-    )[0]
+    # Saturated heads' gradients turn subnormal, which x86 computes many times slower: flushed, they are 0.
+    torch.set_flush_denormal(True)
+    trained, choice = choose_heads(
+        train_heads,
+        candidates,
+        sets.validation,
+        sets.conflictive["validation"],
+        method=config.method,
+        lam=config.lam,
+    )
+    config = replace(config, hidden=candidates[0] if choice is None else choice.chosen.hidden)
     seconds["training"] = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -290,6 +343,8 @@ def fit(
         seed=seed,
         early_stopping=early_stopping,
         seconds=seconds,
+        time_limit=time_limit,
+        choice=choice,
     )
 
     def write_card(directory: Path, manifest: Manifest) -> None:

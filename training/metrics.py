@@ -3,7 +3,9 @@
 Every metric takes arrays positionally and options by keyword, validates shapes, accepts float32 or float64
 inputs and computes in float64. ``probability`` is an ``(N, K)`` matrix of class probabilities (for an
 evidential head, the expected probability ``alpha / S`` of its Dirichlet); its rows are expected to sum to 1,
-which is not checked, but every entry must be finite and in ``[0, 1]``. ``labels`` are integers ``0 .. K-1``.
+which is not checked, but every entry must be finite and in ``[0, 1]`` (up to float32 rounding,
+:data:`ROUNDING`, which is clipped: fused near-dogmatic opinions can sum to ``1 + 1.2e-7``). ``labels`` are
+integers ``0 .. K-1``.
 
 Examples
 --------
@@ -35,6 +37,10 @@ __all__ = [
 ]
 
 
+ROUNDING = 1e-6
+"""How far outside ``[0, 1]`` a probability may lie, as float32 rounding leaves it, before it is an error."""
+
+
 def _as_probability_and_labels(
     probability: npt.ArrayLike, labels: npt.ArrayLike
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -51,8 +57,9 @@ def _as_probability_and_labels(
     if not np.issubdtype(y.dtype, np.integer):
         raise ValueError(f"labels must be an integer array, got dtype {y.dtype}")
     p = p.astype(np.float64)
-    if not np.all(np.isfinite(p)) or p.min() < 0.0 or p.max() > 1.0:
+    if not np.all(np.isfinite(p)) or p.min() < -ROUNDING or p.max() > 1.0 + ROUNDING:
         raise ValueError("probability entries must be finite and in [0, 1]")
+    p = np.clip(p, 0.0, 1.0)
     if y.min() < 0 or y.max() >= k:
         raise ValueError(f"labels must lie in 0 .. K-1 = 0 .. {k - 1}, got range {y.min()} .. {y.max()}")
     return p, y.astype(np.int64)

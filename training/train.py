@@ -6,7 +6,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol as TypingProtocol
 
@@ -48,6 +48,40 @@ class EarlyStopping:
     patience: int = 30
 
 
+@dataclass(frozen=True, kw_only=True)
+class Budget:
+    """How long ``fit`` trains by default: optimizer steps rather than epochs, so that the budget follows the
+    data's size, and a bound on the wall time whatever the data.
+
+    A fixed number of epochs starves small data (400 training samples at batch 200 make 2 steps an epoch:
+    1000 epochs are 2,000 steps) and lets large data run for hours. Here the epoch cap is ``steps`` steps'
+    worth of epochs (never fewer than the KL annealing's), the early-stopping patience ``patience_steps``
+    steps' worth (never fewer than ``min_patience`` epochs), and training stops after ``seconds``. A given
+    ``epochs`` or ``patience`` replaces its rule (``patience=0``: no early stopping).
+    """
+
+    steps: int = 10_000
+    patience_steps: int = 1_000
+    min_patience: int = 30
+    seconds: float | None = 600.0
+    epochs: int | None = None
+    patience: int | None = None
+
+    def max_epochs(self, samples: int, config: TrainConfig) -> int:
+        """The epoch cap for ``samples`` training samples."""
+        if self.epochs is not None:
+            return self.epochs
+        per_epoch = math.ceil(samples / config.batch_size)
+        return max(config.hyperparameters.annealing_step, math.ceil(self.steps / per_epoch))
+
+    def early_stopping(self, samples: int, config: TrainConfig) -> EarlyStopping | None:
+        """The early stopping for ``samples`` training samples; None for ``patience=0``."""
+        if self.patience is not None:
+            return EarlyStopping(patience=self.patience) if self.patience > 0 else None
+        per_epoch = math.ceil(samples / config.batch_size)
+        return EarlyStopping(patience=max(self.min_patience, math.ceil(self.patience_steps / per_epoch)))
+
+
 @dataclass(frozen=True)
 class History:
     """What one member's training went through, epoch by epoch."""
@@ -58,6 +92,11 @@ class History:
     train_loss: list[float]  # mean over the epoch's samples
     validation_loss: list[float]  # empty without validation data
     epoch_seconds: list[float]  # the whole stacked run's time per epoch
+    # The time limit ended the run (early stopping did not).
+    timed_out: bool = False
+    # The epoch cap or the time limit ended the run while the validation loss was still improving: its best
+    # epoch lies within the last ``patience`` epochs (with early stopping only).
+    still_improving: bool = False
 
 
 @dataclass(frozen=True)
@@ -119,7 +158,8 @@ def train_members(
     present: Sequence[np.ndarray | None] | None = None,
     validation: Sequence[SampleSet] | None = None,
     early_stopping: EarlyStopping | None = None,
-    progress: bool | Progress | None = None,
+    time_limit: float | None = None,
+    progress: bool | Progress | Callable[[int], Progress] | None = None,
 ) -> list[Trained]:
     """Train M independent models at once, one per seed, each on its own data: as :func:`train` M times.
 
@@ -148,9 +188,11 @@ def train_members(
         Each member's validation samples, the same number for all: their loss is recorded every epoch.
     early_stopping : EarlyStopping, optional
         Stop on the validation loss (needs ``validation``); each member keeps its best epoch's heads.
-    progress : bool or Progress, optional
-        A reporter (:mod:`training.progress`), or whether to show a bar; default: a bar when stderr is a
-        terminal and not under CI.
+    time_limit : float, optional
+        Stop after the epoch during which this many seconds of training have passed.
+    progress : bool, Progress or callable, optional
+        A reporter (:mod:`training.progress`), a function of the epoch cap that makes one, or whether to
+        show a bar; default: a bar when stderr is a terminal and not under CI.
 
     Returns
     -------
@@ -166,116 +208,224 @@ def train_members(
     if early_stopping is not None and validation is None:
         raise ValueError("early stopping needs validation data")
     fusion_methods: Method | list[Method] = methods[0] if len(set(methods)) == 1 else methods
-    members = []
-    for seed in seeds:
-        torch.manual_seed(seed)
-        members.append(
-            EvidentialHeads(
-                [v.shape[1] for v in views[0]],
-                num_classes,
-                hidden=config.hidden,
-                activation=config.activation,
-            )
-        )
+    members = _initialised_members(views[0], num_classes, config=config, seeds=seeds)
     stacked = _StackedHeads(members)
-    m = len(seeds)
-    tensors = [_stacked_tensor([member[i] for member in views], np.float32) for i in range(len(views[0]))]
-    all_targets = _stacked_tensor(labels, np.int64)  # (M, N_all)
-    n_all = all_targets.shape[1]
-    row_index = None if rows is None else torch.as_tensor(np.stack([np.asarray(r, np.int64) for r in rows]))
-    n = n_all if row_index is None else row_index.shape[1]
-    masks = None
-    if present is not None and any(p is not None and not p.all() for p in present):
-        masks = _stacked_tensor(
-            [np.ones((n_all, len(views[0])), bool) if p is None else p for p in present], bool
-        ).reshape(m * n_all, -1)
-    generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+    batches = _Batches(views, labels, seeds=seeds, rows=rows, present=present)
     hp = config.hyperparameters
     optimizer = torch.optim.Adam(stacked.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
-    # Members' rows side by side: a batch is one index_select (2x faster than advanced indexing).
-    flat = [t.reshape(m * n_all, -1) for t in tensors]
-    flat_targets = all_targets.reshape(-1)
-    offsets = torch.arange(m)[:, None] * n_all
     reporter = _reporter(progress, config.epochs)
-    histories = [_Record() for _ in range(m)]
-    best = [math.inf] * m
-    best_epoch = [0] * m
-    best_state: list[dict[str, torch.Tensor] | None] = [None] * m
-    stopped = False
-    epoch = 0
+    watch = _Watch(len(seeds), early_stopping, annealing_step=hp.annealing_step, time_limit=time_limit)
     for epoch in range(1, config.epochs + 1):
         started = time.perf_counter()
-        annealing = annealing_coefficient(epoch, hp.annealing_step)
-        order = torch.stack([torch.randperm(n, generator=g) for g in generators])  # (M, N)
-        total = torch.zeros(m, dtype=torch.float64)
-        for start in range(0, n, config.batch_size):
-            batch = order[:, start : start + config.batch_size]  # (M, B)
-            if row_index is not None:
-                batch = row_index.gather(1, batch)
-            picked = (batch + offsets).reshape(-1)
-            b = batch.shape[1]
-            evidence = stacked([t.index_select(0, picked).reshape(m, b, -1) for t in flat])  # (M, B, V, K)
-            labels_batch = flat_targets.index_select(0, picked).reshape(m, b)
-            loss, _ = total_loss(
-                evidence,
-                labels_batch,
-                method=fusion_methods,
-                lam=config.lam,
-                annealing=annealing,
-                beta=config.beta,
-                gamma=hp.gamma,
-                mask=None if masks is None else masks.index_select(0, picked).reshape(m, b, -1),
-            )
-            optimizer.zero_grad(set_to_none=True)
-            loss.mean(-1).sum().backward()  # each member: the mean over its batch
-            optimizer.step()
-            total += loss.detach().sum(-1)
-        train_loss = (total / n).tolist()
+        train_loss = _train_epoch(
+            stacked, batches, optimizer, epoch=epoch, methods=fusion_methods, config=config
+        )
         validation_loss = (
             None
             if validation is None
             else _validation_loss(stacked, validation, fusion_methods, config=config)
         )
-        seconds = time.perf_counter() - started
-        for i, record in enumerate(histories):
-            record.train_loss.append(train_loss[i])
-            record.epoch_seconds.append(seconds)
-            if validation_loss is not None:
-                record.validation_loss.append(validation_loss[i])
-                if early_stopping is not None and validation_loss[i] < best[i]:
-                    best[i], best_epoch[i] = validation_loss[i], epoch
-                    best_state[i] = stacked.member_state(i)
+        watch.record(epoch, stacked, train_loss, validation_loss, seconds=time.perf_counter() - started)
         reporter.epoch(
             epoch,
             float(np.mean(train_loss)),
             None if validation_loss is None else float(np.mean(validation_loss)),
         )
-        if (
-            early_stopping is not None
-            and epoch >= hp.annealing_step
-            and all(epoch - best_epoch[i] >= early_stopping.patience for i in range(m))
-        ):
-            stopped = True
+        if watch.stop(epoch):
             break
-    reporter.close(stopped_early=stopped)
-    for i, state in enumerate(best_state):
-        if state is not None:
-            stacked.load_member_state(i, state)
-    heads = stacked.unstack(members)
-    return [
-        Trained(
-            heads=member,
-            history=History(
-                epochs=epoch,
-                best_epoch=best_epoch[i] if best_state[i] is not None else epoch,
-                stopped_early=stopped,
-                train_loss=record.train_loss,
-                validation_loss=record.validation_loss,
-                epoch_seconds=record.epoch_seconds,
-            ),
+    reporter.close(stopped_early=watch.stopped_early)
+    return watch.finish(stacked, members)
+
+
+def _initialised_members(
+    views: Sequence[np.ndarray], num_classes: int, *, config: TrainConfig, seeds: Sequence[int]
+) -> list[EvidentialHeads]:
+    """One freshly initialised model per seed, each drawn right after seeding torch with its seed."""
+    members = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        members.append(
+            EvidentialHeads(
+                [v.shape[1] for v in views],
+                num_classes,
+                hidden=config.hidden,
+                activation=config.activation,
+            )
         )
-        for i, (member, record) in enumerate(zip(heads, histories, strict=True))
-    ]
+    return members
+
+
+class _Batches:
+    """The members' training data as stacked tensors, and each epoch's shuffled batches of it.
+
+    Member m shuffles its rows with its own generator (seeded with ``seeds[m]``); the members' rows sit side
+    by side in one flat tensor per view, so a batch is one ``index_select`` (2x faster than advanced
+    indexing).
+    """
+
+    def __init__(
+        self,
+        views: Sequence[Sequence[np.ndarray]],
+        labels: Sequence[np.ndarray],
+        *,
+        seeds: Sequence[int],
+        rows: Sequence[np.ndarray] | None,
+        present: Sequence[np.ndarray | None] | None,
+    ) -> None:
+        m, num_views = len(seeds), len(views[0])
+        tensors = [_stacked_tensor([member[i] for member in views], np.float32) for i in range(num_views)]
+        all_targets = _stacked_tensor(labels, np.int64)  # (M, N_all)
+        n_all = all_targets.shape[1]
+        self.row_index = (
+            None if rows is None else torch.as_tensor(np.stack([np.asarray(r, np.int64) for r in rows]))
+        )
+        self.n = n_all if self.row_index is None else self.row_index.shape[1]
+        self.masks = None
+        if present is not None and any(p is not None and not p.all() for p in present):
+            self.masks = _stacked_tensor(
+                [np.ones((n_all, num_views), bool) if p is None else p for p in present], bool
+            ).reshape(m * n_all, -1)
+        self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+        self.flat = [t.reshape(m * n_all, -1) for t in tensors]
+        self.flat_targets = all_targets.reshape(-1)
+        self.offsets = torch.arange(m)[:, None] * n_all
+        self.m = m
+
+    def shuffled(
+        self, batch_size: int
+    ) -> Iterator[tuple[list[torch.Tensor], torch.Tensor, torch.Tensor | None]]:
+        """One epoch's batches: per view ``(M, B, d_v)`` features, ``(M, B)`` labels, ``(M, B, V)`` mask."""
+        m = self.m
+        order = torch.stack([torch.randperm(self.n, generator=g) for g in self.generators])  # (M, N)
+        for start in range(0, self.n, batch_size):
+            batch = order[:, start : start + batch_size]  # (M, B)
+            if self.row_index is not None:
+                batch = self.row_index.gather(1, batch)
+            picked = (batch + self.offsets).reshape(-1)
+            b = batch.shape[1]
+            yield (
+                [t.index_select(0, picked).reshape(m, b, -1) for t in self.flat],
+                self.flat_targets.index_select(0, picked).reshape(m, b),
+                None if self.masks is None else self.masks.index_select(0, picked).reshape(m, b, -1),
+            )
+
+
+def _train_epoch(
+    stacked: _StackedHeads,
+    batches: _Batches,
+    optimizer: torch.optim.Optimizer,
+    *,
+    epoch: int,
+    methods: Method | list[Method],
+    config: TrainConfig,
+) -> list[float]:
+    """One pass over every member's training rows; each member's mean training loss over them."""
+    hp = config.hyperparameters
+    annealing = annealing_coefficient(epoch, hp.annealing_step)
+    total = torch.zeros(batches.m, dtype=torch.float64)
+    for inputs, labels, mask in batches.shuffled(config.batch_size):
+        loss, _ = total_loss(
+            stacked(inputs),  # (M, B, V, K)
+            labels,
+            method=methods,
+            lam=config.lam,
+            annealing=annealing,
+            beta=config.beta,
+            gamma=hp.gamma,
+            mask=mask,
+        )
+        optimizer.zero_grad(set_to_none=True)
+        loss.mean(-1).sum().backward()  # each member: the mean over its batch
+        optimizer.step()
+        total += loss.detach().sum(-1)
+    return (total / batches.n).tolist()
+
+
+class _Watch:
+    """Per member, the epochs' losses and times, the best epoch on the validation loss and its weights;
+    whether to stop early."""
+
+    def __init__(
+        self,
+        m: int,
+        early_stopping: EarlyStopping | None,
+        *,
+        annealing_step: int,
+        time_limit: float | None,
+    ) -> None:
+        self.early_stopping = early_stopping
+        self.annealing_step = annealing_step
+        self.deadline = None if time_limit is None else time.perf_counter() + time_limit
+        self.records = [_Record() for _ in range(m)]
+        self.best = [math.inf] * m
+        self.best_epoch = [0] * m
+        self.best_state: list[dict[str, torch.Tensor] | None] = [None] * m
+        self.epoch = 0
+        self.stopped_early = False
+        self.timed_out = False
+
+    def record(
+        self,
+        epoch: int,
+        stacked: _StackedHeads,
+        train_loss: list[float],
+        validation_loss: list[float] | None,
+        *,
+        seconds: float,
+    ) -> None:
+        self.epoch = epoch
+        for i, record in enumerate(self.records):
+            record.train_loss.append(train_loss[i])
+            record.epoch_seconds.append(seconds)
+            if validation_loss is not None:
+                record.validation_loss.append(validation_loss[i])
+                if self.early_stopping is not None and validation_loss[i] < self.best[i]:
+                    self.best[i], self.best_epoch[i] = validation_loss[i], epoch
+                    self.best_state[i] = stacked.member_state(i)
+
+    def stop(self, epoch: int) -> bool:
+        """Whether every member has gone ``patience`` epochs without a better validation loss (never
+        before the KL annealing is complete), or the time is up."""
+        self.stopped_early = (
+            self.early_stopping is not None
+            and epoch >= self.annealing_step
+            and all(epoch - best >= self.early_stopping.patience for best in self.best_epoch)
+        )
+        self.timed_out = (
+            not self.stopped_early and self.deadline is not None and time.perf_counter() >= self.deadline
+        )
+        return self.stopped_early or self.timed_out
+
+    def still_improving(self, m: int) -> bool:
+        """Whether member ``m``'s best validation loss is within its last ``patience`` epochs."""
+        return (
+            self.early_stopping is not None
+            and self.best_state[m] is not None
+            and self.epoch - self.best_epoch[m] < self.early_stopping.patience
+        )
+
+    def finish(self, stacked: _StackedHeads, members: Sequence[EvidentialHeads]) -> list[Trained]:
+        """Each member's best epoch's heads (its last without early stopping) and its history."""
+        for i, state in enumerate(self.best_state):
+            if state is not None:
+                stacked.load_member_state(i, state)
+        heads = stacked.unstack(members)
+        return [
+            Trained(
+                heads=member,
+                history=History(
+                    epochs=self.epoch,
+                    best_epoch=self.best_epoch[i] if self.best_state[i] is not None else self.epoch,
+                    stopped_early=self.stopped_early,
+                    train_loss=record.train_loss,
+                    validation_loss=record.validation_loss,
+                    epoch_seconds=record.epoch_seconds,
+                    timed_out=self.timed_out,
+                    still_improving=self.still_improving(i),
+                ),
+            )
+            for i, (member, record) in enumerate(zip(heads, self.records, strict=True))
+        ]
 
 
 def _stacked_tensor(arrays: Sequence[np.ndarray], dtype) -> torch.Tensor:
@@ -342,11 +492,13 @@ def _validation_loss(
     return (total / max(n, 1)).tolist()
 
 
-def _reporter(progress: bool | Progress | None, total: int) -> Progress:
+def _reporter(progress: bool | Progress | Callable[[int], Progress] | None, total: int) -> Progress:
     if progress is None:
         progress = sys.stderr.isatty() and not os.environ.get("CI")
     if isinstance(progress, bool):
         return ProgressBar(total) if progress else Silent()
+    if callable(progress):  # a reporter has no __call__: this makes one for the epoch cap
+        return progress(total)
     return progress
 
 

@@ -1,0 +1,152 @@
+"""``python -m training fit``'s defaults, black-box: a training budget that follows the data, a run ended by
+its cap while still improving says so, and the heads' architecture chosen on the validation split."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.training.test_fit import dataset, fit, read_manifest, write_npy
+from training.__main__ import main
+
+
+def slow_to_learn(n: int = 280) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Two classes whose views each separate them by one feature, but 4% of rows lie far out on it: once
+    min-max scaled, the classes are 1/17 of the range apart, which takes large weights, hence many Adam
+    steps. 196 training samples are one batch: 1000 epochs are 1000 steps."""
+    rng = np.random.default_rng(0)
+    labels = rng.permutation(np.arange(n) % 2)
+    views = {}
+    for v in range(3):
+        x = rng.normal(size=(n, 3)) * 0.2
+        x[:, 0] += labels
+        far = rng.random(n) < 0.04
+        x[far, 0] += 8 * rng.choice([-1, 1], size=far.sum())
+        views[f"view_{v}"] = x.astype(np.float32)
+    return views, np.array(["no", "yes"])[labels]
+
+
+def overfitted(n: int = 120) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Two classes that each view tells apart by one noisy feature among twenty of noise: the heads soon
+    fit the training split's noise, and the validation loss rises."""
+    rng = np.random.default_rng(0)
+    labels = rng.permutation(np.arange(n) % 2)
+    views = {}
+    for v in range(3):
+        x = rng.normal(size=(n, 21))
+        x[:, 0] += 2 * labels
+        views[f"view_{v}"] = x.astype(np.float32)
+    return views, np.array(["no", "yes"])[labels]
+
+
+def xor_views(n: int = 200) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Two views of two features each; the class is whether the features lie on the same side of 0.5 (an
+    XOR): no linear head separates it."""
+    rng = np.random.default_rng(0)
+    labels = rng.permutation(np.arange(n) % 2)
+    views = {}
+    for v in range(2):
+        x = rng.random((n, 2))
+        wrong = ((x[:, 0] > 0.5) ^ (x[:, 1] > 0.5)).astype(int) != labels
+        x[wrong, 0] = 1 - x[wrong, 0]
+        views[f"view_{v}"] = x.astype(np.float32)
+    return views, np.array(["same", "different"])[labels]
+
+
+CUT_SHORT = "stopped by the epoch cap while the validation loss still improved (raise --epochs)"
+
+
+def test_the_default_budget_fits_small_data_that_a_fixed_1000_epochs_underfit(tmp_path, capsys):
+    data = write_npy(tmp_path / "data", *slow_to_learn())
+    old = tmp_path / "old"
+    assert fit("--data", data, "--out", old, "--epochs", "1000", "--patience", "30", "--hidden", "0") == 0
+    assert CUT_SHORT in capsys.readouterr().out
+    assert read_manifest(old).metrics.acc_normal < 0.8
+
+    new = tmp_path / "new"
+    assert fit("--data", data, "--out", new, "--hidden", "linear", "--quiet") == 0
+    manifest = read_manifest(new)
+    # 10,000 optimizer steps of one batch each, and a patience of 1,000 of them
+    assert (manifest.training["max_epochs"], manifest.training["patience"]) == (10_000, 1_000)
+    assert manifest.metrics.acc_normal >= 0.9
+
+
+def test_a_run_ended_by_the_cap_while_improving_says_so(tmp_path, capsys):
+    data = write_npy(tmp_path / "data", *slow_to_learn())
+    out = tmp_path / "model"
+    assert fit("--data", data, "--out", out, "--epochs", "60", "--hidden", "linear", "--quiet") == 0
+    assert f"60 epochs, best 60, {CUT_SHORT}" in capsys.readouterr().out
+    manifest = read_manifest(out)
+    assert manifest.training["still_improving"] is True and manifest.training["timed_out"] is False
+    card = (out / "card.md").read_text()
+    assert "**The epoch cap ended training while the validation loss was still improving**" in card
+
+
+def test_a_run_stopped_early_does_not_say_it_was_cut_short(tmp_path, capsys):
+    data = write_npy(tmp_path / "data", *overfitted())
+    out = tmp_path / "model"
+    assert fit("--data", data, "--out", out, "--epochs", "3000", "--patience", "30", "--hidden", "0") == 0
+    printed = capsys.readouterr().out
+    assert "stopped early" in printed and "stopped by" not in printed
+    assert read_manifest(out).training["still_improving"] is False
+    assert "ended training while" not in (out / "card.md").read_text()
+
+
+def test_the_hidden_layer_is_chosen_where_a_linear_head_cannot_separate_the_classes(tmp_path, capsys):
+    data = write_npy(tmp_path / "data", *xor_views())
+    out = tmp_path / "model"
+    assert fit("--data", data, "--out", out, "--epochs", "300", "--patience", "0", "--quiet") == 0
+    manifest = read_manifest(out)
+    assert manifest.training["hidden"] == [64]
+    assert manifest.metrics.acc_normal >= 0.9
+    card = (out / "card.md").read_text()
+    assert "One head per view (a hidden layer of 64 units; chosen for its fused validation accuracy, " in card
+    assert "with linear; a hidden layer is kept only where more accurate)" in card
+
+
+def test_the_linear_head_is_kept_on_linearly_separable_data(tmp_path):
+    data = write_npy(tmp_path / "data", *dataset())
+    out = tmp_path / "model"
+    assert fit("--data", data, "--out", out, "--epochs", "300", "--patience", "0", "--quiet") == 0
+    assert read_manifest(out).training["hidden"] == []
+    card = (out / "card.md").read_text()
+    chosen = "One head per view (linear; chosen for its fused validation accuracy, 100.0%, against 100.0% "
+    assert chosen in card
+
+
+def test_hidden_layers_as_asked_are_trained_exported_and_described(tmp_path):
+    data = write_npy(tmp_path / "data", *dataset())
+    out = tmp_path / "model"
+    assert fit("--data", data, "--out", out, "--hidden", "16,8", "--epochs", "4", "--quiet") == 0
+    manifest = read_manifest(out)
+    assert manifest.training["hidden"] == [16, 8]
+    assert "One head per view (hidden layers of 16, 8 units) with" in (out / "card.md").read_text()
+
+
+@pytest.mark.data
+def test_export_trains_the_hidden_layers_asked_for(data_dir, tmp_path):
+    out = tmp_path / "cub"
+    command = ["export", "--dataset", "cub", "--data-dir", str(data_dir), "--out", str(out), "--epochs", "2"]
+    assert main([*command, "--hidden", "32"]) == 0
+    assert json.loads((out / "manifest.json").read_text())["training"]["hidden"] == [32]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--hidden", "wide", "argument --hidden: expected comma-separated positive layer widths"),
+        ("--hidden", "64,0", "argument --hidden: expected comma-separated positive layer widths"),
+        ("--hidden", "-8", "argument --hidden: expected"),
+        ("--max-minutes", "0", "argument --max-minutes: expected a positive number of minutes, got '0'"),
+        ("--max-minutes", "nan", "argument --max-minutes: expected a positive number of minutes"),
+    ],
+)
+def test_bad_training_options_are_refused_before_reading_the_data(option, value, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "m"), option, value])
+    assert stopped.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not Path(tmp_path / "m").exists()
