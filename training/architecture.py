@@ -32,7 +32,6 @@ class Candidate:
     hidden: tuple[int, ...]
     accuracy: float
     auroc: float
-    epochs: int
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,7 @@ def choose_heads(
     candidates : sequence of tuple of int
         In order of preference: ties go to the earlier.
     validation, conflictive : SampleSet
-        The validation split and its conflictive copy (the copy's AUROC is reported, not used).
+        The validation split and its conflictive copy (the conflict AUROC is reported, not used).
     method, lam
         The fusion the accuracy is measured with.
 
@@ -77,8 +76,6 @@ def choose_heads(
     for hidden in candidates:
         trained.append(train(tuple(hidden)))
         evaluation = evaluate(trained[-1].heads, validation, conflictive, method=method, lam=lam)
-        measured.append(
-            Candidate(tuple(hidden), evaluation.acc_normal, evaluation.auc, trained[-1].history.epochs)
-        )
+        measured.append(Candidate(tuple(hidden), evaluation.acc_normal, evaluation.auc))
     best = max(range(len(measured)), key=lambda i: (measured[i].accuracy, -i))
     return trained[best], HeadChoice(tuple(measured), measured[best])

@@ -17,7 +17,7 @@ import numpy as np
 
 from fusion import opinion_from_evidence, projected_probability
 from manifest import Manifest
-from training.architecture import HeadChoice
+from training.architecture import Candidate, HeadChoice
 from training.calibrate import REPORT_COVERAGES, evaluate_calibration
 from training.fit import FitReport
 
@@ -335,14 +335,16 @@ def _choice(choice: HeadChoice | None) -> str:
     if choice is None:
         return ""
     others = ", ".join(
-        f"{_percent(c.accuracy)} with {_architecture(c.hidden)}"
-        for c in choice.candidates
-        if c is not choice.chosen
+        f"{_measured(c)} with {_architecture(c.hidden)}" for c in choice.candidates if c is not choice.chosen
     )
     return (
-        f"; chosen for its fused validation accuracy, {_percent(choice.chosen.accuracy)}, against {others}; "
-        "a hidden layer is kept only where more accurate"
+        f"; chosen for its fused validation accuracy, {_measured(choice.chosen)}, against {others}; a hidden "
+        "layer is kept only where more accurate"
     )
+
+
+def _measured(candidate: Candidate) -> str:
+    return f"{_percent(candidate.accuracy)} (conflict AUROC {candidate.auroc:.2f})"
 
 
 def _percent(value: float) -> str:

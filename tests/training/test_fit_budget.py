@@ -85,6 +85,20 @@ def test_a_run_ended_by_the_cap_while_improving_says_so(tmp_path, capsys):
     assert "**The epoch cap ended training while the validation loss was still improving**" in card
 
 
+def test_the_time_limit_ends_a_run_and_says_so(tmp_path, capsys):
+    data = write_npy(tmp_path / "data", *slow_to_learn())
+    out = tmp_path / "model"
+    # a limit shorter than any epoch: the first one ends the run
+    assert fit("--data", data, "--out", out, "--max-minutes", "1e-9", "--hidden", "0", "--quiet") == 0
+    printed = capsys.readouterr().out
+    expected = "1 epochs, best 1, stopped by the time limit while the validation loss still improved"
+    assert f"{expected} (raise --max-minutes)" in printed
+    manifest = read_manifest(out)
+    assert manifest.training["timed_out"] is True and manifest.training["epochs"] == 1
+    card = (out / "card.md").read_text()
+    assert "reached the time limit" in card and "**The time limit ended training while" in card
+
+
 def test_a_run_stopped_early_does_not_say_it_was_cut_short(tmp_path, capsys):
     data = write_npy(tmp_path / "data", *overfitted())
     out = tmp_path / "model"
@@ -104,7 +118,7 @@ def test_the_hidden_layer_is_chosen_where_a_linear_head_cannot_separate_the_clas
     assert manifest.metrics.acc_normal >= 0.9
     card = (out / "card.md").read_text()
     assert "One head per view (a hidden layer of 64 units; chosen for its fused validation accuracy, " in card
-    assert "with linear; a hidden layer is kept only where more accurate)" in card
+    assert ") with linear; a hidden layer is kept only where more accurate)" in card
 
 
 def test_the_linear_head_is_kept_on_linearly_separable_data(tmp_path):
@@ -113,8 +127,8 @@ def test_the_linear_head_is_kept_on_linearly_separable_data(tmp_path):
     assert fit("--data", data, "--out", out, "--epochs", "300", "--patience", "0", "--quiet") == 0
     assert read_manifest(out).training["hidden"] == []
     card = (out / "card.md").read_text()
-    chosen = "One head per view (linear; chosen for its fused validation accuracy, 100.0%, against 100.0% "
-    assert chosen in card
+    chosen = "One head per view (linear; chosen for its fused validation accuracy, 100.0% (conflict AUROC "
+    assert chosen in card and "against 100.0% (conflict AUROC" in card
 
 
 def test_hidden_layers_as_asked_are_trained_exported_and_described(tmp_path):
