@@ -25,7 +25,7 @@ from manifest import Manifest
 from training.calibrate import REPORT_COVERAGES, FusedSplit, evaluate_calibration
 from training.export import exported_evidence
 from training.metrics import coverage_band
-from training.protocol import Samples, assemble
+from training.protocol import Samples, evaluation_sets
 from training.readers import read_registered
 from training.registry import dataset_spec
 
@@ -123,7 +123,7 @@ def _splits(
     test split's clean samples with one view (drawn by ``seed``) left out."""
     data = read_registered(dataset_spec(manifest.dataset), data_dir)
     raw = dict(data.views)  # the ONNX heads scale inside: they take the raw features
-    sets = assemble(data, seed=int(manifest.training["seed"]), conflictive=("validation", "test"))
+    sets = evaluation_sets(data, seed=int(manifest.training["seed"]), conflictive=("validation", "test"))
     method, lam = manifest.fusion.method, manifest.fusion.lam
 
     def evidence(samples: Samples) -> np.ndarray:

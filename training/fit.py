@@ -4,8 +4,8 @@
 and a model card) and the benchmark datasets (:func:`export`, ``python -m training export``: the paper's
 hyperparameters and a fixed number of epochs, what ``models/`` is made with) both go through it.
 
-1. the ``heldout`` protocol (:func:`training.protocol.assemble`): stratified train / validation / test split
-   (or the data's split column), scaling fitted on the training split, conflictive copies of the
+1. the ``heldout`` protocol (:func:`training.protocol.evaluation_sets`): stratified train / validation / test
+   split (or the data's split column), scaling fitted on the training split, conflictive copies of the
    validation and test splits;
 2. one evidential head per view, trained with the paper's loss and the model's fusion
    (:func:`training.train.train_members`), on the rows that have each view;
@@ -33,7 +33,7 @@ from training.evaluate import Evaluation, measure
 from training.export import provenance, write_model
 from training.metrics import accuracy
 from training.progress import Progress
-from training.protocol import EvaluationSets, assemble
+from training.protocol import EvaluationSets, evaluation_sets
 from training.readers import read_registered
 from training.registry import dataset_spec
 from training.train import EarlyStopping, History, TrainConfig, predict_evidence, train_members
@@ -190,7 +190,7 @@ def fit(
     seconds: dict[str, float] = {}
     started = time.perf_counter()
     raw = _parity_rows(data)  # before scaling: in place, the raw features are gone afterwards
-    sets = assemble(data, seed=seed, conflictive=("validation", "test"), in_place=in_place)
+    sets = evaluation_sets(data, seed=seed, conflictive=("validation", "test"), in_place=in_place)
     seconds["scaling"] = time.perf_counter() - started
 
     started = time.perf_counter()

@@ -1,4 +1,4 @@
-"""The evaluation protocol, assembled once (:func:`assemble`) for experiments, exports and fits: splits,
+"""The evaluation protocol, made once (:func:`evaluation_sets`) for experiments, exports and fits: splits,
 scaling, and conflictive copies.
 
 The paper's protocol (section 4) evaluates on clean samples and on a *conflictive* copy of them, where one
@@ -21,7 +21,7 @@ views with the same view of a donor that has it. On complete data these rules ch
 Examples
 --------
 >>> from training.data import synthetic
->>> sets = assemble(synthetic(60, num_classes=3, seed=0), seed=0)
+>>> sets = evaluation_sets(synthetic(60, num_classes=3, seed=0), seed=0)
 >>> len(sets.train), len(sets.validation), len(sets.test), len(sets.conflictive["test"])
 (42, 6, 12, 12)
 >>> [x.shape for x in sets.conflictive["test"].features()]
@@ -45,15 +45,15 @@ __all__ = [
     "ConflictSource",
     "EvaluationSets",
     "MinMaxScaler",
-    "Protocol",
+    "ProtocolName",
     "Samples",
-    "assemble",
     "draw_conflicts",
+    "evaluation_sets",
     "make_conflictive",
     "stratified_split",
 ]
 
-Protocol = Literal["heldout", "paper"]
+ProtocolName = Literal["heldout", "paper"]
 ConflictSource = Literal["random", "prototype"]
 
 SPLIT_FRACTIONS = (0.7, 0.1, 0.2)
@@ -375,7 +375,7 @@ def make_conflictive(
     return conflictive, replaced
 
 
-# -- the protocol, assembled ---------------------------------------------------------------------------------
+# -- the protocol's sets -------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, eq=False)
@@ -444,7 +444,7 @@ class EvaluationSets:
         Every sample, in file order.
     """
 
-    protocol: Protocol
+    protocol: ProtocolName
     seed: int
     scaler: MinMaxScaler
     views: dict[str, np.ndarray] = field(repr=False)
@@ -456,10 +456,10 @@ class EvaluationSets:
     everything: Samples
 
 
-def assemble(
+def evaluation_sets(
     data: MultiViewData,
     *,
-    protocol: Protocol = "heldout",
+    protocol: ProtocolName = "heldout",
     seed: int,
     conflictive: Sequence[str] = ("test",),
     in_place: bool = False,
