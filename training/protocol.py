@@ -47,6 +47,7 @@ __all__ = [
     "MinMaxScaler",
     "ProtocolName",
     "Samples",
+    "conflictive_copy",
     "draw_conflicts",
     "evaluation_sets",
     "make_conflictive",
@@ -517,18 +518,7 @@ def evaluation_sets(
     if protocol == "heldout":
         splits = {"validation": validation, "test": test}
         for split in conflictive:
-            rows = splits[split]
-            if present is not None:  # one view has nothing to conflict with
-                rows = rows[present[rows].sum(axis=1) >= 2]
-            replaced, donors = draw_conflicts(
-                labels[rows],
-                num_views=len(names),
-                rng=rng,
-                source="random",
-                num_classes=data.num_classes,
-                present=None if present is None else present[rows],
-            )
-            sets[split] = samples(rows, replaced=replaced, donors=rows[donors])
+            sets[split] = conflictive_copy(samples(splits[split]), rng=rng, num_classes=data.num_classes)
     else:
         n = len(labels)
         order = rng.permutation(n)
@@ -557,6 +547,25 @@ def evaluation_sets(
         conflictive=sets,
         everything=samples(np.arange(data.num_samples)),
     )
+
+
+def conflictive_copy(samples: Samples, *, rng: np.random.Generator, num_classes: int) -> Samples:
+    """The ``heldout`` protocol's conflictive copy of clean ``samples``: of those with two views or more (one
+    view has nothing to conflict with), each has one present view replaced by the same view of a sample of
+    the next class among them that has it (:func:`draw_conflicts`)."""
+    keep = np.arange(len(samples))
+    if samples.present is not None:
+        keep = keep[samples.present.sum(axis=1) >= 2]
+    rows, present = samples.rows[keep], None if samples.present is None else samples.present[keep]
+    replaced, donors = draw_conflicts(
+        samples.labels[keep],
+        num_views=len(samples.views),
+        rng=rng,
+        source="random",
+        num_classes=num_classes,
+        present=present,
+    )
+    return Samples(samples.views, rows, samples.labels[keep], present, replaced=replaced, donors=rows[donors])
 
 
 def _check_class_sizes(data: MultiViewData) -> None:
