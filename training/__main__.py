@@ -119,7 +119,7 @@ def _export(args: argparse.Namespace) -> int:
         hyperparameters=DATASETS[args.dataset].hyperparameters,
         seed=args.seed,
     )
-    manifest = export(
+    manifest, report = export(
         args.dataset,
         args.out,
         data_dir=args.data_dir,
@@ -127,7 +127,8 @@ def _export(args: argparse.Namespace) -> int:
         seed=args.seed,
         target_false_positive_rate=args.target_fpr,
     )
-    print(_summary(args.out, manifest))
+    print(_summary(args.out, manifest, report))
+    _warn(report)
     return 0
 
 
@@ -185,21 +186,32 @@ def _fit(args: argparse.Namespace) -> int:
     history = report.history
     stop = f", best {history.best_epoch}" + (", stopped early" if history.stopped_early else "")
     print(
-        _summary(args.out, manifest)
+        _summary(args.out, manifest, report)
         + f"\n{history.epochs} epochs{stop if report.early_stopping else ''} in "
         + f"{read + sum(report.seconds.values()):.0f} s; card: {Path(args.out) / 'card.md'}"
     )
+    _warn(report)
     return 0
 
 
-def _summary(out: Path, manifest) -> str:
-    m, flag = manifest.metrics, manifest.conflict_flag
+def _summary(out: Path, manifest, report) -> str:
+    m, flag, comparison = manifest.metrics, manifest.conflict_flag, report.comparison
+    best, fitted_on = comparison.best_view, report.post_hoc.fitted_on
+    low, high = report.post_hoc.raised(report.test)[0].interval
+    alone, plain = comparison.views[best].value, comparison.baseline.accuracy.value
     return (
-        f"wrote {out}: accuracy {m.acc_normal:.3f} clean, {m.acc_conflict:.3f} conflictive, "
-        f"{m.acc_all_samples:.3f} all samples; AUROC {m.auc:.3f}; "
-        f"flag on {flag.score} >= {flag.threshold:.4f} "
-        f"(test: {flag.test.clean:.3f} clean, {flag.test.conflictive:.3f} conflictive)"
+        f"wrote {out}: accuracy {m.acc_normal:.3f} clean (best view alone {alone:.3f}, {best}; all-views "
+        f"logistic regression {plain:.3f}), "
+        f"{m.acc_conflict:.3f} conflictive, {m.acc_all_samples:.3f} all samples; AUROC {m.auc:.3f}; "
+        f"flag on {flag.score} >= {flag.threshold:.4f} (test: {flag.test.clean:.3f} [{low:.3f}, {high:.3f}] "
+        f"clean, {flag.test.conflictive:.3f} conflictive); calibrated on {fitted_on.samples} "
+        + ("validation samples" if fitted_on.kind == "validation" else f"samples, {fitted_on.kind}")
     )
+
+
+def _warn(report) -> None:
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 # fit's defaults. The paper's 1000 epochs as the most; a patience of 30 stops HandWritten near epoch 830
