@@ -9,7 +9,8 @@
 4. evaluate on the test split, fused once: the paper's measures (:func:`training.evaluate.measure`), and
    against each view's head alone and a plain model of all views (:mod:`training.baseline`);
 5. calibrate the flag, the confidence and the prediction sets (:func:`training.calibrate.calibrate`) on the
-   clean validation split;
+   clean validation split, or, where it is small, cross-fitted on every non-test sample
+   (:mod:`training.crossfit`);
 6. export the ONNX graphs, the manifest and the card (:mod:`training.card`), written all at once
    (:func:`training.export.write_model`).
 
@@ -36,12 +37,13 @@ from manifest import NAME_PATTERN, Manifest, Metrics
 from training.baseline import compare, fit_baseline
 from training.calibrate import FusedSplit, PostHoc, calibrate
 from training.card import write_card
+from training.crossfit import out_of_fold, plan_cross_fitting
 from training.data import MultiViewData
 from training.evaluate import measure
 from training.export import write_model
 from training.heads import EvidentialHeads
 from training.metrics import accuracy
-from training.progress import Progress
+from training.progress import Progress, ProgressBar, ProgressLines, progress_for
 from training.protocol import EvaluationSets, Samples, evaluation_sets
 from training.readers import read_registered
 from training.registry import dataset_spec
@@ -79,8 +81,8 @@ def fit(
         Training settings; its method and lambda are also the model's default fusion. ``config.epochs`` is
         the maximum with ``early_stopping``.
     seed : int
-        Seeds the split, the conflictive copies and the baseline's draws (``config.seed`` the heads'
-        initialisation).
+        Seeds the split, the conflictive copies, the baseline's and the cross-fitting's draws
+        (``config.seed`` the heads' initialisation).
     target_false_positive_rate : float
         The share of clean calibration samples the high-conflict flag raises.
     early_stopping : EarlyStopping, optional
@@ -90,7 +92,8 @@ def fit(
     card : bool
         Write the model card (:mod:`training.card`) beside the manifest.
     progress : bool or Progress, optional
-        How training reports its epochs (:func:`training.train.train_members`).
+        How training reports its epochs (:func:`training.train.train_members`); cross-fitting's models
+        report alike.
     in_place : bool
         Scale ``data``'s features in place: for data too large to hold twice. ``data`` is spent afterwards.
 
@@ -121,7 +124,15 @@ def fit(
             acc_all_samples=_accuracy_over_everything(trained.heads, sets, config=config),
         )
     with _timed(seconds, "calibration"):
-        post_hoc = _calibrate(sets, trained, config=config, seed=seed, target=target_false_positive_rate)
+        post_hoc = _calibrate(
+            sets,
+            trained,
+            num_classes=data.num_classes,
+            config=config,
+            seed=seed,
+            target=target_false_positive_rate,
+            progress=progress,
+        )
     report = FitReport(
         data=data,
         sets=sets,
@@ -218,11 +229,38 @@ def _accuracy_over_everything(heads: EvidentialHeads, sets: EvaluationSets, *, c
 
 
 def _calibrate(
-    sets: EvaluationSets, trained: Trained, *, config: TrainConfig, seed: int, target: float
+    sets: EvaluationSets,
+    trained: Trained,
+    *,
+    num_classes: int,
+    config: TrainConfig,
+    seed: int,
+    target: float,
+    progress: bool | Progress | None,
 ) -> PostHoc:
-    """The flag and the calibration section, fitted on the clean validation split."""
-    split = _fused(trained.heads, sets.validation, sets.conflictive["validation"], config=config)
-    return calibrate(split, target_false_positive_rate=target, seed=seed)
+    """The flag and the calibration section, fitted on the clean validation split, or cross-fitted on every
+    non-test sample where the validation split is small (:mod:`training.crossfit`)."""
+    plan = plan_cross_fitting(sets, num_classes=num_classes, seed=seed)
+    if plan is None:
+        split = _fused(trained.heads, sets.validation, sets.conflictive["validation"], config=config)
+        return calibrate(split, target_false_positive_rate=target, seed=seed)
+    epochs = trained.history.best_epoch
+    split = out_of_fold(
+        plan,
+        sets,
+        num_classes=num_classes,
+        config=config,
+        epochs=epochs,
+        progress=_labelled(progress, epochs, label=f"cross-fitting {plan.folds} models"),
+    )
+    return calibrate(split, target_false_positive_rate=target, folds=plan.folds, seed=seed)
+
+
+def _labelled(progress: bool | Progress | None, total: int, *, label: str) -> bool | Progress | None:
+    """A reporter like ``progress`` (a bar, lines) for another run of ``total`` epochs, named ``label``."""
+    if isinstance(progress, ProgressBar | ProgressLines):
+        return progress_for(total, bar=isinstance(progress, ProgressBar), label=label)
+    return progress
 
 
 def _parity_rows(data: MultiViewData) -> dict[str, tuple[np.ndarray, np.ndarray]]:
