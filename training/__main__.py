@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     out.add_argument("--lambda", dest="lam", type=float, default=1.0)
     out.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS)
     out.add_argument("--seed", type=int, default=0)
-    out.add_argument("--target-fpr", type=float, default=0.05, help="flag rate on clean validation samples")
+    out.add_argument("--target-fpr", type=float, default=0.05, help="flag rate on clean calibration samples")
     out.set_defaults(run=_export)
 
     own = commands.add_parser(
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         "--target-fpr",
         type=float,
         default=0.05,
-        help="share of clean validation samples the high-conflict flag raises (default 0.05)",
+        help="share of clean calibration samples the high-conflict flag raises (default 0.05)",
     )
     own.add_argument(
         "--data-dir",

@@ -58,10 +58,12 @@ __all__ = [
     "plan_cross_fitting",
 ]
 
-CROSS_FIT_BELOW = 500
-"""Clean validation samples below which the calibrations are cross-fitted: at 500, a 5% flag rests on 25
-expected flags and the 0.9 quantile on 50 samples above it; below, cross-fitting has 8x the samples. Data
-this small trains fast enough for K more models (the fit of at most 10,000 samples stays within 2 minutes)."""
+CROSS_FIT_BELOW = 300
+"""Clean validation samples below which the calibrations are cross-fitted. From 300 up, a threshold for a 5%
+flag rests on 15 expected flags and flags 2.8% to 7.7% of new clean samples 19 times in 20 (the Beta law of
+a quantile's rate). Cross-fitting costs about 1.6x the served model's training (5 models stacked): at 2,900
+samples (three views of 1024, 300 and 64 features, all 1000 epochs) the fit took 94 s, below the 120 s of a
+10,000-sample fit, where at 4,900 it took 155 s."""
 
 FOLDS = 5
 """Fold models: each trains on 4/5 of the non-test samples (64% of the data; the served model on 70%)."""

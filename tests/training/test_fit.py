@@ -215,13 +215,13 @@ def test_a_small_validation_split_is_cross_fitted_and_an_unsupported_target_is_s
 
 
 def test_a_large_validation_split_calibrates_alone_with_split_conformal(tmp_path, capsys):
-    views, labels = dataset(per_class=1700)  # 510 to validate
+    views, labels = dataset(per_class=1000)  # 300 to validate: enough to calibrate on alone
     out = tmp_path / "models" / "pets"
     assert fit("--data", write_npy(tmp_path / "data", views, labels), "--out", out, "--epochs", "2") == 0
     calibration = read_manifest(out).calibration
-    assert calibration.fitted_on == CalibrationSamples(kind="validation", samples=510)
-    assert len(calibration.conformal.calibration_scores) == 510
-    assert "flag's target" not in capsys.readouterr().err  # 25.5 expected flags: enough
+    assert calibration.fitted_on == CalibrationSamples(kind="validation", samples=300)
+    assert len(calibration.conformal.calibration_scores) == 300
+    assert "flag's target" not in capsys.readouterr().err  # 15 expected flags: enough
     assert "Split conformal" in (out / "card.md").read_text()
 
 
