@@ -20,7 +20,7 @@ import torch
 
 from training.heads import EvidentialHeads
 from training.loss import annealing_coefficient, total_loss
-from training.protocol import assemble
+from training.protocol import evaluation_sets
 from training.readers import load
 from training.train import TrainConfig, train, train_members
 
@@ -73,7 +73,7 @@ def main() -> None:
     torch.set_num_threads(1)
 
     dataset = load(args.dataset, args.data_dir)
-    training_split = assemble(dataset, seed=0).train
+    training_split = evaluation_sets(dataset, seed=0).train
     views, labels = training_split.features(), training_split.labels
     config = TrainConfig(
         method=args.method, epochs=args.epochs, hyperparameters=dataset.spec.hyperparameters, seed=0

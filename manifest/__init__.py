@@ -64,7 +64,8 @@ class ConflictFlag(_Strict):
 
     The threshold is the quantile of the score on clean validation samples that flags
     ``target_false_positive_rate`` of them; the score is whichever of fused uncertainty and largest pairwise
-    conflict separated clean from conflictive validation samples better (``validation_auroc``).
+    conflict separated clean from conflictive validation samples better (``validation_auroc``). Validation
+    samples: those the calibration section was fitted on (its ``fitted_on``).
     """
 
     score: Literal["uncertainty", "max_conflict"]
@@ -193,10 +194,33 @@ class CalibrationFigures(_Strict):
     conflictive_mean_set_size: float | None = Field(default=None, ge=0)
 
 
-class Calibration(_Strict):
-    """``confidence`` and ``prediction_set``: fitted on the clean validation split (``calibration`` package).
+class CalibrationSamples(_Strict):
+    """The clean samples the flag's threshold, the confidence calibrator and the conformal scores were
+    fitted on, and so which coverage guarantee the prediction sets have."""
 
-    Validation figures are cross-validated (each sample scored by a fit that did not see it).
+    kind: Literal["validation", "cross-fitted"] = Field(
+        description="`validation`: the model's own evidence on the clean validation split (split conformal: "
+        "a set holds the true class with probability at least the coverage asked for); `cross-fitted`: "
+        "out-of-fold evidence on every non-test sample from `folds` models trained like this one, each "
+        "without its fold (cross-conformal: at least 1 - 2 (1 - coverage) in theory, close to the coverage "
+        "in practice)"
+    )
+    samples: int = Field(ge=1, description="how many clean samples")
+    folds: int | None = Field(default=None, ge=2, description="cross-fitted: how many fold models")
+
+    @model_validator(mode="after")
+    def _folds_when_cross_fitted(self) -> CalibrationSamples:
+        if (self.kind == "cross-fitted") != (self.folds is not None):
+            raise ValueError("folds is given for cross-fitted calibration, and only for it")
+        return self
+
+
+class Calibration(_Strict):
+    """``confidence`` and ``prediction_set``: fitted on clean samples (``fitted_on``; ``calibration``
+    package).
+
+    Validation figures are those of the samples fitted on, cross-validated (each sample scored by a fit
+    that did not see it).
     """
 
     confidence: ConfidenceCalibration
@@ -204,6 +228,9 @@ class Calibration(_Strict):
     selection: CalibrationSelection
     validation: CalibrationFigures
     test: CalibrationFigures | None = None
+    fitted_on: CalibrationSamples | None = Field(
+        default=None, description="absent in models calibrated before it was recorded: the validation split"
+    )
 
     def applied(self) -> ModelCalibration:
         """The section as the ``calibration`` package applies it (the service, per request)."""
@@ -302,6 +329,7 @@ __all__ = [
     "NAME_PATTERN",
     "Calibration",
     "CalibrationFigures",
+    "CalibrationSamples",
     "CalibrationSelection",
     "ConfidenceCalibration",
     "ConflictFlag",

@@ -123,7 +123,7 @@ def _export(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     try:
-        manifest = export(
+        manifest, report = export(
             args.dataset,
             args.out,
             data_dir=args.data_dir,
@@ -134,7 +134,8 @@ def _export(args: argparse.Namespace) -> int:
     except (DataError, FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    print(_summary(args.out, manifest))
+    print(_summary(args.out, manifest, report))
+    _warn(report)
     return 0
 
 
@@ -193,10 +194,11 @@ def _fit(args: argparse.Namespace) -> int:
     history = report.history
     stop = f", best {history.best_epoch}" + (", stopped early" if history.stopped_early else "")
     print(
-        _summary(args.out, manifest)
+        _summary(args.out, manifest, report)
         + f"\n{history.epochs} epochs{stop if report.early_stopping else ''}{_cut_short(history)} in "
         + f"{read + sum(report.seconds.values()):.0f} s; card: {Path(args.out) / 'card.md'}"
     )
+    _warn(report)
     return 0
 
 
@@ -208,13 +210,18 @@ def _cut_short(history) -> str:
     return f", stopped by {limit[0]}" if history.timed_out else ""
 
 
-def _summary(out: Path, manifest) -> str:
-    m, flag = manifest.metrics, manifest.conflict_flag
+def _summary(out: Path, manifest, report) -> str:
+    m, flag, comparison = manifest.metrics, manifest.conflict_flag, report.comparison
+    best, fitted_on = comparison.best_view, report.post_hoc.fitted_on
+    low, high = report.post_hoc.raised(report.test)[0].interval
+    alone, plain = comparison.views[best].value, comparison.baseline.accuracy.value
     return (
-        f"wrote {out}: accuracy {m.acc_normal:.3f} clean, {m.acc_conflict:.3f} conflictive, "
-        f"{m.acc_all_samples:.3f} all samples; AUROC {m.auc:.3f}; "
-        f"flag on {flag.score} >= {flag.threshold:.4f} "
-        f"(test: {flag.test.clean:.3f} clean, {flag.test.conflictive:.3f} conflictive)"
+        f"wrote {out}: accuracy {m.acc_normal:.3f} clean (best view alone {alone:.3f}, {best}; all-views "
+        f"logistic regression {plain:.3f}), "
+        f"{m.acc_conflict:.3f} conflictive, {m.acc_all_samples:.3f} all samples; AUROC {m.auc:.3f}; "
+        f"flag on {flag.score} >= {flag.threshold:.4f} (test: {flag.test.clean:.3f} [{low:.3f}, {high:.3f}] "
+        f"clean, {flag.test.conflictive:.3f} conflictive); calibrated on {fitted_on.samples} "
+        + ("validation samples" if fitted_on.kind == "validation" else f"samples, {fitted_on.kind}")
     )
 
 
@@ -238,6 +245,11 @@ def _minutes(text: str) -> float:
     if not minutes > 0 or minutes == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive number of minutes, got {text!r}")
     return minutes
+
+
+def _warn(report) -> None:
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def _names(text: str) -> list[str]:
@@ -323,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         "--hidden", type=_hidden, default=(), help="hidden layer widths, e.g. 512,256 (default: linear heads)"
     )
     out.add_argument("--seed", type=int, default=0)
-    out.add_argument("--target-fpr", type=float, default=0.05, help="flag rate on clean validation samples")
+    out.add_argument("--target-fpr", type=float, default=0.05, help="flag rate on clean calibration samples")
     out.set_defaults(run=_export)
 
     own = commands.add_parser(
@@ -390,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         "--target-fpr",
         type=float,
         default=0.05,
-        help="share of clean validation samples the high-conflict flag raises (default 0.05)",
+        help="share of clean calibration samples the high-conflict flag raises (default 0.05)",
     )
     own.add_argument(
         "--data-dir",

@@ -1,11 +1,12 @@
-"""Everything fitted on the validation split once the heads are trained, and how it measures on any split.
+"""Everything fitted on clean samples once the heads are trained, and how it measures on any split.
 
-:func:`calibrate` is the one place post-hoc fits happen, for exports and fits alike (:mod:`training.fit`):
+:func:`calibrate` is the one place post-hoc fits happen, for exports and fits alike (:mod:`training.fit`),
+on the clean validation split or on every non-test sample's out-of-fold evidence (:mod:`training.crossfit`):
 
 * the high-conflict flag: which score (fused uncertainty or largest pairwise conflict) and which threshold
   flag conflictive samples best while flagging a set share of clean ones (:func:`calibrate_flag`);
-* the manifest's ``calibration`` section, ``confidence`` and ``prediction_set`` (:func:`fit_calibration`:
-  the ``calibration`` package does the fitting, on the clean validation samples only).
+* the manifest's ``calibration`` section, ``confidence`` and ``prediction_set``
+  (:func:`fit_confidence_and_sets`: the ``calibration`` package does the fitting, on clean samples only).
 
 :func:`evaluate_calibration` measures a calibration on any split, clean and conflictive: ECE and
 reliability diagrams before and after, and coverage and set sizes at several requested levels. No torch:
@@ -20,7 +21,7 @@ Examples
 ...     truth = scaled_probability(belief, uncertainty, temperature=0.2)  # under-confident opinions
 ...     labels = (rng.random(n)[:, None] > truth.cumsum(axis=1)).sum(axis=1)
 ...     return FusedSplit(Opinion(belief, uncertainty), labels)
->>> section = fit_calibration(split(300), default_coverage=0.9)
+>>> section = fit_confidence_and_sets(split(300), default_coverage=0.9)
 >>> section.confidence.kind, section.conformal.score.kind, len(section.conformal.calibration_scores)
 ('temperature', 'lac', 300)
 >>> report = evaluate_calibration(section, split(2000), coverages=(0.8, 0.9))
@@ -51,10 +52,11 @@ from calibration import (
     scaled_probability,
     top_probability,
 )
-from fusion import Method, Opinion, fuse, opinion_from_evidence
+from fusion import FusedOpinion, Method, Opinion, fuse, opinion_from_evidence
 from manifest import (
     Calibration,
     CalibrationFigures,
+    CalibrationSamples,
     CalibrationSelection,
     ConflictFlag,
     ConformalScore,
@@ -62,7 +64,7 @@ from manifest import (
     FlagRates,
 )
 from training.data import DataError, MultiViewData
-from training.metrics import auroc
+from training.metrics import Rate, auroc
 from training.protocol import SPLIT_FRACTIONS, EvaluationSets, smallest_class_for_validation
 
 DEFAULT_COVERAGE = 0.9
@@ -72,12 +74,13 @@ REPORT_COVERAGES = (0.8, 0.85, 0.9, 0.95)
 
 @dataclass(frozen=True, eq=False)
 class FusedSplit:
-    """DBF's fused output on one split.
+    """DBF's fused output on one split, fused once: every measure and fit of the split reads it.
 
     Parameters
     ----------
     clean : fusion.Opinion
-        Fused belief (N, K) and uncertainty (N,) of the split's samples.
+        Fused belief (N, K) and uncertainty (N,) of the split's samples (a :class:`fusion.FusedOpinion`,
+        with the views' conflict, where :meth:`of_evidence` made it: the flag's scores need it).
     labels : ndarray of int, shape (N,)
         Their true classes.
     conflictive : fusion.Opinion, optional
@@ -85,12 +88,18 @@ class FusedSplit:
     conflictive_labels : ndarray of int, optional
         The copies' true classes (default: ``labels``, copies in the same order; a copy is only made of a
         sample with two views or more, so with missing views there may be fewer).
+    views : fusion.Opinion, optional
+        Each view's own opinion of the clean samples, belief (N, V, K) and uncertainty (N, V).
+    present : ndarray of bool, shape (N, V), optional
+        Which views each clean sample has (None: all).
     """
 
     clean: Opinion
     labels: np.ndarray
     conflictive: Opinion | None = None
     conflictive_labels: np.ndarray | None = None
+    views: Opinion | None = None
+    present: np.ndarray | None = None
 
     @classmethod
     def of_evidence(
@@ -105,15 +114,17 @@ class FusedSplit:
     ) -> FusedSplit:
         """The split fused as the model serves it: ``evidence`` (N, V, K) with its views ``present`` (N, V),
         and optionally its conflictive copies as (evidence, labels, present)."""
-
-        def fused(e: np.ndarray, mask: np.ndarray | None) -> Opinion:
-            out = fuse(opinion_from_evidence(e), method, lam=lam, mask=mask)
-            return Opinion(out.belief, out.uncertainty)
-
+        views = opinion_from_evidence(evidence)
+        clean = fuse(views, method, lam=lam, mask=present)
         if conflictive is None:
-            return cls(fused(evidence, present), labels)
+            return cls(clean, labels, views=views, present=present)
         copies, copy_labels, copy_present = conflictive
-        return cls(fused(evidence, present), labels, fused(copies, copy_present), copy_labels)
+        fused_copies = fuse(opinion_from_evidence(copies), method, lam=lam, mask=copy_present)
+        return cls(clean, labels, fused_copies, copy_labels, views=views, present=present)
+
+    def flag_scores(self) -> tuple[FlagScores, FlagScores]:
+        """The flag's candidate scores of the clean samples and of their conflictive copies."""
+        return flag_scores(self.clean), flag_scores(self.conflictive)
 
 
 @dataclass(frozen=True)
@@ -192,15 +203,17 @@ class CalibrationReport:
         }
 
 
-def fit_calibration(
+def fit_confidence_and_sets(
     validation: FusedSplit,
     *,
     default_coverage: float = DEFAULT_COVERAGE,
     test: FusedSplit | None = None,
     folds: int = CALIBRATION_FOLDS,
     seed: int = 0,
+    fitted_on: CalibrationSamples | None = None,
 ) -> Calibration:
-    """The manifest's ``calibration`` section, fitted on the clean validation split.
+    """The manifest's ``calibration`` section: confidence and prediction sets, fitted on clean samples (the
+    validation split's, or cross-fitted).
 
     The confidence calibrator is whichever of temperature scaling and isotonic binning has the lower
     cross-validated Brier score; the conformal score is whichever of LAC, APS and RAPS gives the smallest
@@ -218,6 +231,8 @@ def fit_calibration(
         Held-out data for the section's ``test`` figures.
     folds, seed : int
         The cross-validation the choices are made on.
+    fitted_on : CalibrationSamples, optional
+        What ``validation`` is, for the manifest.
     """
     b, u, y = _arrays(validation)
     confidence = fit_confidence(b, u, y, folds=folds, seed=seed)
@@ -255,6 +270,7 @@ def fit_calibration(
         ),
         validation=validation_figures,
         test=test_figures,
+        fitted_on=fitted_on,
     )
 
 
@@ -350,14 +366,9 @@ FlagScores = dict[str, np.ndarray]
 """A set's candidate flag scores: ``{"uncertainty": (N,), "max_conflict": (N,)}``."""
 
 
-def flag_scores(
-    evidence: np.ndarray, *, method: Method, lam: float, present: np.ndarray | None = None
-) -> FlagScores:
-    """The flag's two candidate scores: fused uncertainty and the largest pairwise conflict, each (N,).
-
-    ``evidence`` (N, V, K); ``present`` (N, V) marks the views each sample has (None: all).
-    """
-    fused = fuse(opinion_from_evidence(evidence), method, lam=lam, mask=present)
+def flag_scores(fused: FusedOpinion) -> FlagScores:
+    """The flag's two candidate scores of fused samples: fused uncertainty and the largest pairwise
+    conflict between their views, each (N,)."""
     return {"uncertainty": fused.uncertainty, "max_conflict": fused.conflict.max(axis=(-1, -2))}
 
 
@@ -393,41 +404,68 @@ def calibrate_flag(
     return score, threshold, separation
 
 
+MIN_EXPECTED_FLAGS = 10
+"""The fewest flags the target rate must expect among the clean calibration samples: below it the threshold
+is one of the few highest scores, and the rate it gives new data strays far from the target (18 samples at
+5%: 0.9 expected, and a test rate of 13.7% measured on wine)."""
+
+
 @dataclass(frozen=True, eq=False)
 class PostHoc:
-    """What :func:`calibrate` fitted on the validation split: the flag (with the validation scores it was
-    fitted on) and the manifest's calibration section."""
+    """What :func:`calibrate` fitted: the flag, the manifest's calibration section, and the samples both
+    were fitted on (``fitted``, described by ``fitted_on``)."""
 
     score: str
     threshold: float
     target_false_positive_rate: float
-    validation_auroc: dict[str, float]
-    validation: tuple[FlagScores, FlagScores]  # clean, conflictive
+    separation: dict[str, float]  # AUROC of each candidate score on the samples fitted on
+    fitted: FusedSplit
+    fitted_on: CalibrationSamples
     section: Calibration
 
-    def calibration(self, test: FusedSplit) -> Calibration:
+    def raised(self, split: FusedSplit) -> tuple[Rate, Rate]:
+        """How many of ``split``'s clean samples, and of their conflictive copies, the flag raises."""
+        return tuple(Rate.of(scores[self.score] >= self.threshold) for scores in split.flag_scores())
+
+    def conflict_flag(self, test: FusedSplit) -> ConflictFlag:
+        """The manifest's flag, with its rates on the samples fitted on and on the test split ``test``."""
+
+        def rates(split: FusedSplit) -> FlagRates:
+            clean, conflictive = self.raised(split)
+            return FlagRates(clean=clean.value, conflictive=conflictive.value)
+
+        return ConflictFlag(
+            score=self.score,
+            threshold=self.threshold,
+            target_false_positive_rate=self.target_false_positive_rate,
+            validation_auroc=self.separation,
+            validation=rates(self.fitted),
+            test=rates(test),
+        )
+
+    def calibration_section(self, test: FusedSplit) -> Calibration:
         """The manifest's calibration section, with its figures on the test split ``test``."""
         coverage = self.section.conformal.default_coverage
         figures = evaluate_calibration(self.section, test, coverages=(coverage,)).figures(coverage)
         return self.section.model_copy(update={"test": figures})
 
-    def flag_rates(self, clean: FlagScores, conflictive: FlagScores) -> FlagRates:
-        """The shares of ``clean`` and ``conflictive`` samples the flag raises."""
-        return FlagRates(
-            clean=float(np.mean(clean[self.score] >= self.threshold)),
-            conflictive=float(np.mean(conflictive[self.score] >= self.threshold)),
-        )
-
-    def conflict_flag(self, test: tuple[FlagScores, FlagScores]) -> ConflictFlag:
-        """The manifest's flag, with its rates on the validation split and on the test split ``test``."""
-        return ConflictFlag(
-            score=self.score,
-            threshold=self.threshold,
-            target_false_positive_rate=self.target_false_positive_rate,
-            validation_auroc=self.validation_auroc,
-            validation=self.flag_rates(*self.validation),
-            test=self.flag_rates(*test),
-        )
+    def warnings(self) -> list[str]:
+        """What the samples fitted on cannot support: the flag's target rate, the default coverage."""
+        n, target = self.fitted_on.samples, self.target_false_positive_rate
+        notes = []
+        if n * target < MIN_EXPECTED_FLAGS:
+            notes.append(
+                f"the flag's target, {target:.1%} of clean samples, rests on {n} clean calibration samples "
+                f"({n * target:.1f} expected flags, fewer than {MIN_EXPECTED_FLAGS}): its rate on new data "
+                f"may be far from the target; fit more data (or ask for a higher --target-fpr)"
+            )
+        coverage = self.section.conformal.default_coverage
+        if coverage < DEFAULT_COVERAGE:
+            notes.append(
+                f"{n} clean calibration samples support prediction sets up to coverage {coverage:.3g}, not "
+                f"{DEFAULT_COVERAGE:g}: requests that name none get {coverage:.3g}; fit more data"
+            )
+        return notes
 
 
 def check_calibration_splits(data: MultiViewData, sets: EvaluationSets) -> None:
@@ -469,64 +507,57 @@ def check_calibration_splits(data: MultiViewData, sets: EvaluationSets) -> None:
 
 
 def supported_coverage(samples: int, *, folds: int = CALIBRATION_FOLDS) -> float:
-    """The default coverage, or less where ``samples`` validation samples cannot support it: 0.9 needs 9
+    """The default coverage, or less where ``samples`` calibration samples cannot support it: 0.9 needs 9
     calibration samples, and the cross-validation that chooses the score calibrates on all but a fold."""
     return min(DEFAULT_COVERAGE, max_coverage(samples - -(-samples // folds)))
 
 
 def calibrate(
-    clean_evidence: np.ndarray,
-    conflictive_evidence: np.ndarray,
+    split: FusedSplit,
     *,
-    labels: np.ndarray,
-    conflictive_labels: np.ndarray,
-    method: Method,
-    lam: float,
     target_false_positive_rate: float,
-    clean_present: np.ndarray | None = None,
-    conflictive_present: np.ndarray | None = None,
+    folds: int | None = None,
     seed: int = 0,
 ) -> PostHoc:
-    """Fit everything post-hoc on the validation split.
+    """Fit everything post-hoc on ``split``'s clean samples (and choose the flag's score with their
+    conflictive copies).
 
     Parameters
     ----------
-    clean_evidence, conflictive_evidence : ndarray, shape (N, V, K) and (M, V, K)
-        The heads' evidence on the clean validation samples and on their conflictive copies.
-    labels, conflictive_labels : ndarray of int, shape (N,) and (M,)
-        Their true classes.
-    method, lam
-        The fusion the model serves with.
-    clean_present, conflictive_present : bool arrays (N, V), (M, V), optional
-        Which views each sample has (None: all).
+    split : FusedSplit
+        The clean validation split fused as the model serves (with its conflictive copies), or the
+        out-of-fold evidence of every non-test sample, fused alike (:mod:`training.crossfit`).
+    target_false_positive_rate : float
+        The share of clean samples the flag raises.
+    folds : int, optional
+        The number of fold models when ``split`` is cross-fitted; None for the validation split.
     seed : int
         The cross-validation the calibrators are chosen by.
     """
-    clean = flag_scores(clean_evidence, method=method, lam=lam, present=clean_present)
-    conflictive = flag_scores(conflictive_evidence, method=method, lam=lam, present=conflictive_present)
+    clean, conflictive = split.flag_scores()
     score, threshold, separation = calibrate_flag(
         clean, conflictive, target_false_positive_rate=target_false_positive_rate
     )
-    validation = FusedSplit.of_evidence(
-        clean_evidence,
-        labels,
-        method=method,
-        lam=lam,
-        present=clean_present,
-        conflictive=(conflictive_evidence, conflictive_labels, conflictive_present),
+    fitted_on = CalibrationSamples(
+        kind="validation" if folds is None else "cross-fitted", samples=len(split.labels), folds=folds
+    )
+    section = fit_confidence_and_sets(
+        split, default_coverage=supported_coverage(len(split.labels)), seed=seed, fitted_on=fitted_on
     )
     return PostHoc(
         score=score,
         threshold=threshold,
         target_false_positive_rate=target_false_positive_rate,
-        validation_auroc=separation,
-        validation=(clean, conflictive),
-        section=fit_calibration(validation, default_coverage=supported_coverage(len(labels)), seed=seed),
+        separation=separation,
+        fitted=split,
+        fitted_on=fitted_on,
+        section=section,
     )
 
 
 __all__ = [
     "DEFAULT_COVERAGE",
+    "MIN_EXPECTED_FLAGS",
     "REPORT_COVERAGES",
     "CalibrationReport",
     "FlagScores",
@@ -537,6 +568,6 @@ __all__ = [
     "calibrate_flag",
     "check_calibration_splits",
     "evaluate_calibration",
-    "fit_calibration",
+    "fit_confidence_and_sets",
     "flag_scores",
 ]

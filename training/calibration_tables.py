@@ -15,7 +15,6 @@ draw: a correct method lands outside its 95% range one time in 20).
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,7 +24,8 @@ import numpy as np
 from manifest import Manifest
 from training.calibrate import REPORT_COVERAGES, FusedSplit, evaluate_calibration
 from training.export import exported_evidence
-from training.protocol import Samples, assemble
+from training.metrics import coverage_band
+from training.protocol import Samples, evaluation_sets
 from training.readers import read_registered
 from training.registry import dataset_spec
 
@@ -54,7 +54,7 @@ def calibration_tables(
         )
         for level in LEVELS:
             clean, conflictive = report.clean[level], report.conflictive[level]
-            low, high = coverage_range(n, m, level)
+            low, high = coverage_band(m, level, calibration=n)
             resplit = _resplit_coverage(section, validation, test, level)
             sets.append(
                 f"| {manifest.name} | {level:g} | **{clean.coverage:.3f}** [{low:.3f}, {high:.3f}] | "
@@ -75,17 +75,6 @@ def calibration_tables(
         + "\n".join(sets)
         + "\n"
     )
-
-
-def coverage_range(calibration: int, test: int, level: float) -> tuple[float, float]:
-    """The 95% range of the share of ``test`` samples a correct split-conformal set at ``level`` covers,
-    calibrated on ``calibration`` samples: Beta-binomial(test, k, n + 1 - k) / test, k = ceil((n + 1) level)
-    (exact for continuous scores; ties only raise coverage)."""
-    from scipy.stats import betabinom
-
-    k = math.ceil((calibration + 1) * level - 1e-9)
-    low, high = betabinom.ppf([0.025, 0.975], test, k, calibration + 1 - k) / test
-    return float(low), float(high)
 
 
 def _ece_noise(section, test: FusedSplit, draws: int = 1000) -> float:
@@ -134,7 +123,7 @@ def _splits(
     test split's clean samples with one view (drawn by ``seed``) left out."""
     data = read_registered(dataset_spec(manifest.dataset), data_dir)
     raw = dict(data.views)  # the ONNX heads scale inside: they take the raw features
-    sets = assemble(data, seed=int(manifest.training["seed"]), conflictive=("validation", "test"))
+    sets = evaluation_sets(data, seed=int(manifest.training["seed"]), conflictive=("validation", "test"))
     method, lam = manifest.fusion.method, manifest.fusion.lam
 
     def evidence(samples: Samples) -> np.ndarray:

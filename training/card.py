@@ -1,9 +1,9 @@
 """The model card: ``card.md`` beside the manifest, with its figures as PNG.
 
 A card is a sequence of sections; each is made by one function of :data:`SECTIONS` from what the fit measured
-(:class:`training.fit.FitReport`) and the manifest, as markdown text and the figures it shows. A new section
-(the calibration's, say: reliability before and after, coverage of the prediction sets) is one more function
-in that tuple.
+(:class:`training.report.FitReport`) and the manifest, as markdown text and the figures it shows. A new
+section is one more function in that tuple. Every rate is given with its 95% interval (Clopper-Pearson), every
+coverage with the range a correct method lands in.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from fusion import opinion_from_evidence, projected_probability
-from manifest import Manifest
+from manifest import CalibrationSamples, Manifest
 from training.architecture import Candidate, HeadChoice
 from training.calibrate import REPORT_COVERAGES, evaluate_calibration
-from training.fit import FitReport
+from training.metrics import Rate, coverage_band
+from training.report import FitReport
 
 __all__ = ["SECTIONS", "Figure", "Section", "write_card"]
 
@@ -41,7 +41,7 @@ class Section:
     figures: tuple[Figure, ...] = ()
 
 
-SectionMaker = Callable[[FitReport, Manifest], Section]
+SectionMaker = Callable[[FitReport, Manifest], Section | None]
 
 
 def write_card(
@@ -59,6 +59,7 @@ def write_card(
 
     directory = Path(directory)
     made = [make(report, manifest) for make in (SECTIONS if sections is None else sections)]
+    made = [section for section in made if section is not None]
     parts = [f"# Model card: {manifest.name}\n"]
     written = []
     for section in made:
@@ -79,22 +80,33 @@ def write_card(
 
 
 def overview(report: FitReport, manifest: Manifest) -> Section:
-    data, metrics, flag = report.data, manifest.metrics, manifest.conflict_flag
+    data, metrics, flag, comparison = report.data, manifest.metrics, manifest.conflict_flag, report.comparison
     views = ", ".join(f"`{view.name}` ({view.dim})" for view in manifest.views)
+    flagged_clean, flagged_conflictive = report.post_hoc.raised(report.test)
+    best = comparison.best_view
     text = (
         f"Discounted Belief Fusion ({manifest.fusion.method.upper()}, lambda {manifest.fusion.lam:g}) over "
         f"{len(manifest.views)} views: {views}; {len(manifest.classes)} classes. Trained on "
         f"`{data.source or data.name}` ({data.num_samples} samples).\n\n"
-        f"On held-out test samples it is right {_percent(metrics.acc_normal)} of the time; when one view "
-        f"of a sample is swapped for another class's, {_percent(metrics.acc_conflict)}. Fused uncertainty "
-        f"tells such conflictive samples from clean ones with AUROC {metrics.auc:.3f}, and the "
-        f"`high_conflict` flag raises on {_percent(flag.test.conflictive)} of them and "
-        f"{_percent(flag.test.clean)} of clean ones.\n\n"
+        f"On held-out test samples it is right {_rate(comparison.fused)} of the time (its best view alone, "
+        f"`{best}`, {_percent(comparison.views[best].value)}; a logistic regression on all views "
+        f"{_percent(comparison.baseline.accuracy.value)}); when one view of a sample is swapped for another "
+        f"class's, {_percent(metrics.acc_conflict)}. Fused uncertainty tells such conflictive samples from "
+        f"clean ones with AUROC {metrics.auc:.3f}, and the `high_conflict` flag raises on "
+        f"{_rate(flagged_conflictive)} of them and {_rate(flagged_clean)} of clean ones "
+        f"(target {_percent(flag.target_false_positive_rate)}). Brackets: 95% intervals.\n\n"
         "The service serves this directory from its model repository (`DBF_MODEL_DIR`, `models/` by "
         "default) once it reloads (`POST /v1/admin/reload`, or `DBF_RELOAD_POLL_SECONDS`), at "
         f"`/v1/models/{manifest.name}/predict`."
     )
     return Section("Summary", text)
+
+
+def warnings(report: FitReport, manifest: Manifest) -> Section | None:
+    """What to know before serving the model (:attr:`FitReport.warnings`); no section when all is well."""
+    if not report.warnings:
+        return None
+    return Section("Warnings", "\n".join(f"- {warning}" for warning in report.warnings))
 
 
 def data_summary(report: FitReport, manifest: Manifest) -> Section:
@@ -112,9 +124,9 @@ def data_summary(report: FitReport, manifest: Manifest) -> Section:
     split = "as the data's split column says" if data.split is not None else "stratified (70/10/20%)"
     text = (
         f"{data.num_samples} samples from `{data.source or data.name}`, split {split}: "
-        f"{len(sets.train)} for training, {len(sets.validation)} for validation (early stopping and the "
-        f"flag's calibration), {len(sets.test)} for testing. Features are min-max scaled with the training "
-        "split's ranges, inside each view's ONNX graph.\n\n"
+        f"{len(sets.train)} for training, {len(sets.validation)} for validation ({_validation_use(report)}), "
+        f"{len(sets.test)} for testing. Features are min-max scaled with the training split's ranges, inside "
+        "each view's ONNX graph.\n\n"
         f"{views}\n\n{classes}\n"
     )
     if not data.complete:
@@ -127,52 +139,55 @@ def data_summary(report: FitReport, manifest: Manifest) -> Section:
 
 
 def accuracy_table(report: FitReport, manifest: Manifest) -> Section:
-    evidence, test = report.evidence["test"], report.sets.test
-    opinions = opinion_from_evidence(evidence)
-    predicted = np.argmax(projected_probability(opinions), axis=-1)  # (N, V)
-    present = np.ones(predicted.shape, bool) if test.present is None else test.present
-    rows = []
-    for v, view in enumerate(manifest.views):
-        has = present[:, v]
-        correct = float(np.mean(predicted[has, v] == test.labels[has])) if has.any() else float("nan")
-        rows.append(f"| `{view.name}` alone | {_percent(correct)} | {int(has.sum())} |")
-    metrics = manifest.metrics
+    comparison, metrics, baseline = report.comparison, manifest.metrics, report.comparison.baseline
+    rows = [f"| `{view}` alone | {_rate(rate)} | {rate.total} |" for view, rate in comparison.views.items()]
+    conflictive = len(report.sets.conflictive["test"])
     rows += [
-        f"| fused | **{_percent(metrics.acc_normal)}** | {len(test)} |",
-        f"| fused, conflictive copies | {_percent(metrics.acc_conflict)} | "
-        f"{len(report.sets.conflictive['test'])} |",
+        f"| fused | **{_rate(comparison.fused)}** | {comparison.fused.total} |",
+        f"| logistic regression on all views | {_rate(baseline.accuracy)} | {baseline.accuracy.total} |",
+        f"| fused, conflictive copies | {_rate(_counted(metrics.acc_conflict, conflictive))} | "
+        f"{conflictive} |",
         f"| fused, every sample (incl. training) | {_percent(metrics.acc_all_samples)} | "
         f"{report.data.num_samples} |",
     ]
     text = (
-        "Accuracy on the held-out test split: each view's head alone (on the samples that have it), then the "
-        "fused prediction.\n\n| | accuracy | samples |\n|---|---|---|\n" + "\n".join(rows)
+        "Accuracy on the held-out test split, with 95% intervals: each view's head alone (on the samples "
+        "that have it), the fused prediction, and a plain model that sees all views at once: a multinomial "
+        "logistic regression on the scaled views side by side (a missing view as 0), L2 strength "
+        f"{baseline.regularisation:g} chosen on the validation split, fitted on {baseline.training_rows} "
+        "training samples. A fit warns when the fused model is more than 1 point below its best view or 3 "
+        "below the logistic regression.\n\n| | accuracy | samples |\n|---|---|---|\n" + "\n".join(rows)
     )
     return Section("Accuracy", text)
 
 
 def conflict_detection(report: FitReport, manifest: Manifest) -> Section:
-    flag, metrics = manifest.conflict_flag, manifest.metrics
+    flag, metrics, post_hoc = manifest.conflict_flag, manifest.metrics, report.post_hoc
     separation = ", ".join(f"{score} {value:.3f}" for score, value in flag.validation_auroc.items())
+    fitted, fitted_on = post_hoc.raised(post_hoc.fitted), post_hoc.fitted_on
+    test = post_hoc.raised(report.test)
     text = (
         "A conflictive copy of a test sample has one view replaced by that view of a sample of the next "
         "class (the paper's protocol). Fused uncertainty separates conflictive from clean test samples "
         f"with **AUROC {metrics.auc:.3f}** (0.5: not at all; 1: perfectly).\n\n"
         f"The `high_conflict` flag raises when `{flag.score}` >= {flag.threshold:.4f}: the score that "
-        f"separated better on the validation split (AUROC {separation}), with the threshold that flags "
-        f"{_percent(flag.target_false_positive_rate)} of clean validation samples.\n\n"
-        "| split | clean samples flagged | conflictive samples flagged |\n|---|---|---|\n"
-        f"| validation | {_percent(flag.validation.clean)} | {_percent(flag.validation.conflictive)} |\n"
-        f"| test | {_percent(flag.test.clean)} | {_percent(flag.test.conflictive)} |\n"
+        f"separated better (AUROC {separation}), with the threshold that flags "
+        f"{_percent(flag.target_false_positive_rate)} of the clean samples, on {_samples(fitted_on)}. The "
+        "test split measures the rates on new samples:\n\n"
+        "| samples | clean samples flagged | conflictive samples flagged |\n|---|---|---|\n"
+        f"| fitted on ({fitted_on.kind}) | {_rate(fitted[0])} of {fitted[0].total} | {_rate(fitted[1])} of "
+        f"{fitted[1].total} |\n"
+        f"| test | {_rate(test[0])} of {test[0].total} | {_rate(test[1])} of {test[1].total} |\n"
     )
     return Section("Conflict detection", text)
 
 
-def calibration(report: FitReport, manifest: Manifest) -> Section:
+def confidence_and_sets(report: FitReport, manifest: Manifest) -> Section:
     """Reliability of the projected probability and of the calibrated ``confidence``; the prediction sets'
-    coverage against the level asked for, and their size, clean and conflictive."""
-    evaluation = report.evaluation
-    measured = evaluate_calibration(manifest.calibration, report.test, coverages=REPORT_COVERAGES, bins=10)
+    coverage against the level asked for (with the range a correct method lands in), and their size, clean
+    and conflictive."""
+    evaluation, section, fitted_on = report.evaluation, manifest.calibration, report.post_hoc.fitted_on
+    measured = evaluate_calibration(section, report.test, coverages=REPORT_COVERAGES, bins=10)
     before, after = measured.reliability_projected, measured.reliability_confidence
 
     def reliability_draw(canvas) -> None:
@@ -192,9 +207,14 @@ def calibration(report: FitReport, manifest: Manifest) -> Section:
         axis.legend(fontsize=8, loc="upper left")
 
     levels = sorted(measured.clean)
+    calibrated_on = fitted_on.samples if fitted_on.kind == "validation" else None  # split conformal's law
+    bands = {c: coverage_band(measured.samples, c, calibration=calibrated_on) for c in levels}
 
     def coverage_draw(canvas) -> None:
         axis = canvas.add_subplot()
+        axis.fill_between(
+            levels, [bands[c][0] for c in levels], [bands[c][1] for c in levels], color="0.85", label="range"
+        )
         axis.plot(levels, [measured.clean[c].coverage for c in levels], "o-", label="clean")
         if measured.conflictive is not None:
             axis.plot(levels, [measured.conflictive[c].coverage for c in levels], "o-", label="conflictive")
@@ -203,9 +223,9 @@ def calibration(report: FitReport, manifest: Manifest) -> Section:
         axis.set_ylabel("share of sets holding the true class")
         axis.legend(fontsize=8)
 
-    section = manifest.calibration
     rows = "".join(
-        f"| {c:g} | {_percent(measured.clean[c].coverage)} | {measured.clean[c].mean_set_size:.2f} | "
+        f"| {c:g} | {_percent(measured.clean[c].coverage)} [{100 * bands[c][0]:.1f}, "
+        f"{100 * bands[c][1]:.1f}] | {measured.clean[c].mean_set_size:.2f} | "
         + (
             f"{_percent(measured.conflictive[c].coverage)} | {measured.conflictive[c].mean_set_size:.2f} |\n"
             if measured.conflictive is not None
@@ -217,12 +237,12 @@ def calibration(report: FitReport, manifest: Manifest) -> Section:
         "How far the answers can be taken at their word, on the clean test split. The projected probability "
         f"of the predicted class has **ECE {measured.ece_projected:.3f}** (10 bins; Brier score "
         f"{evaluation.brier:.3f}, negative log-likelihood {evaluation.nll:.3f} over all classes); the "
-        f"served `confidence` ({section.confidence.kind}, fitted on the clean validation split) has "
-        f"**ECE {measured.ece_confidence:.3f}**. The prediction sets use the "
-        f"{section.conformal.score.kind.upper()} score and {len(section.conformal.calibration_scores)} "
-        f"validation samples (coverage {section.conformal.default_coverage:g} unless a request asks for "
-        "another). Their coverage is guaranteed for samples like the clean ones; on conflictive samples it "
-        "is measured only:\n\n"
+        f"served `confidence` ({section.confidence.kind}) has **ECE {measured.ece_confidence:.3f}**. The "
+        f"prediction sets use the {section.conformal.score.kind.upper()} score (coverage "
+        f"{section.conformal.default_coverage:g} unless a request asks for another). Both were fitted on "
+        f"{_samples(fitted_on)}. {_guarantee(fitted_on)} On conflictive samples nothing is guaranteed: "
+        "their coverage is measured only. In brackets, the range in which a correct method's coverage lands "
+        f"on {measured.samples} test samples, 19 times in 20:\n\n"
         "| coverage asked | clean: covered | clean: mean set size | conflictive: covered | "
         "conflictive: mean set size |\n|---|---|---|---|---|\n" + rows
     )
@@ -313,14 +333,15 @@ def training(report: FitReport, manifest: Manifest) -> Section:
 
 SECTIONS: tuple[SectionMaker, ...] = (
     overview,
+    warnings,
     data_summary,
     accuracy_table,
     conflict_detection,
-    calibration,
+    confidence_and_sets,
     uncertainty,
     training,
 )
-"""The card's sections, in order."""
+"""The card's sections, in order; a maker may return None where it has nothing to say."""
 
 
 def _architecture(hidden: tuple[int, ...]) -> str:
@@ -349,3 +370,43 @@ def _measured(candidate: Candidate) -> str:
 
 def _percent(value: float) -> str:
     return "n/a" if np.isnan(value) else f"{100 * value:.1f}%"
+
+
+def _rate(rate: Rate) -> str:
+    """``97.3% [95.5, 98.5]``: the rate and its 95% Clopper-Pearson interval, in percent."""
+    if not rate.total:
+        return "n/a"
+    low, high = rate.interval
+    return f"{_percent(rate.value)} [{100 * low:.1f}, {100 * high:.1f}]"
+
+
+def _counted(value: float, total: int) -> Rate:
+    """The rate ``value`` of ``total`` samples, as counts."""
+    return Rate(round(value * total), total)
+
+
+def _samples(fitted_on: CalibrationSamples) -> str:
+    if fitted_on.kind == "validation":
+        return f"the {fitted_on.samples} clean validation samples"
+    return (
+        f"the out-of-fold evidence of all {fitted_on.samples} non-test samples (cross-fitted, the validation "
+        f"split being small: {fitted_on.folds} models trained like this one, each without its fold)"
+    )
+
+
+def _guarantee(fitted_on: CalibrationSamples) -> str:
+    if fitted_on.kind == "validation":
+        return (
+            "Split conformal: for samples like the clean ones, a set holds the true class with probability "
+            "at least the coverage asked for."
+        )
+    return (
+        "Cross-conformal (Barber et al. 2021, CV+): for samples like the clean ones, theory guarantees a "
+        "coverage of at least 1 - 2 (1 - c) for a level c (0.8 for 0.9), and in practice it is close to c."
+    )
+
+
+def _validation_use(report: FitReport) -> str:
+    if report.post_hoc.fitted_on.kind == "validation":
+        return "early stopping and the calibration"
+    return "early stopping; the calibration is cross-fitted on the training and validation samples"

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fusion import Method, fuse, opinion_from_evidence
+from fusion import Method
+from training.calibrate import FusedSplit
 from training.heads import EvidentialHeads
 from training.metrics import (
     accuracy,
@@ -72,55 +73,38 @@ def evaluate(
     model: EvidentialHeads, clean: SampleSet, conflictive: SampleSet, *, method: Method, lam: float = 1.0
 ) -> Evaluation:
     """:func:`measure` of ``model``'s evidence on the samples ``clean`` and ``conflictive``
-    (:class:`training.protocol.Samples`)."""
-    return measure(
+    (:class:`training.protocol.Samples`), fused with ``method``."""
+    split = FusedSplit.of_evidence(
         predict_evidence(model, clean),
         clean.labels,
-        predict_evidence(model, conflictive),
-        conflictive.labels,
         method=method,
         lam=lam,
-        clean_present=clean.present,
-        conflictive_present=conflictive.present,
+        present=clean.present,
+        conflictive=(predict_evidence(model, conflictive), conflictive.labels, conflictive.present),
     )
+    return measure(split)
 
 
-def measure(
-    clean_evidence: np.ndarray,
-    clean_labels: np.ndarray,
-    conflictive_evidence: np.ndarray,
-    conflictive_labels: np.ndarray,
-    *,
-    method: Method,
-    lam: float = 1.0,
-    clean_present: np.ndarray | None = None,
-    conflictive_present: np.ndarray | None = None,
-) -> Evaluation:
-    """The paper's measures from the heads' evidence, fused with ``method`` exactly as the service fuses.
-
-    Parameters
-    ----------
-    clean_evidence, conflictive_evidence : ndarray, shape (N, V, K) and (M, V, K)
-    clean_labels, conflictive_labels : int arrays (N,), (M,)
-    clean_present, conflictive_present : bool arrays (N, V), (M, V), optional
-        Which views each sample has (None: all); missing ones are fused as absent.
-    """
-    views = opinion_from_evidence(clean_evidence)
-    normal = fuse(views, method, lam=lam, mask=clean_present)
-    conflict = fuse(opinion_from_evidence(conflictive_evidence), method, lam=lam, mask=conflictive_present)
+def measure(split: FusedSplit) -> Evaluation:
+    """The paper's measures of a split fused as the service fuses (:meth:`FusedSplit.of_evidence`: with its
+    conflictive copies and the views' own opinions; missing views fused as absent)."""
+    normal, conflict, labels = split.clean, split.conflictive, split.labels
+    conflictive_labels = labels if split.conflictive_labels is None else split.conflictive_labels
     scores = np.concatenate([normal.uncertainty, conflict.uncertainty])
-    positive = np.concatenate([np.zeros(len(clean_labels), bool), np.ones(len(conflictive_labels), bool)])
-    if clean_present is None:
-        view_uncertainty = views.uncertainty.mean(0)
+    positive = np.concatenate([np.zeros(len(labels), bool), np.ones(len(conflictive_labels), bool)])
+    probability = np.clip(normal.probability, 0.0, 1.0)  # float32 rounding can leave 1 + 6e-8
+    views, present = split.views.uncertainty, split.present
+    if present is None:
+        view_uncertainty = views.mean(0)
     else:
-        view_uncertainty = (views.uncertainty * clean_present).sum(0) / np.maximum(clean_present.sum(0), 1)
+        view_uncertainty = (views * present).sum(0) / np.maximum(present.sum(0), 1)
     return Evaluation(
-        acc_normal=accuracy(normal.probability, clean_labels),
+        acc_normal=accuracy(normal.probability, labels),
         acc_conflict=accuracy(conflict.probability, conflictive_labels),
         auc=auroc(scores, positive),
-        ece=expected_calibration_error(normal.probability, clean_labels),
-        brier=brier_score(normal.probability, clean_labels),
-        nll=negative_log_likelihood(normal.probability, clean_labels),
+        ece=expected_calibration_error(probability, labels),
+        brier=brier_score(probability, labels),
+        nll=negative_log_likelihood(probability, labels),
         uncertainty_normal=float(normal.uncertainty.mean()),
         uncertainty_conflict=float(conflict.uncertainty.mean()),
         view_uncertainty=[float(u) for u in view_uncertainty],

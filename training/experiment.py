@@ -1,7 +1,7 @@
 """Experiments: a run is (dataset, method, seed, protocol, lambda, activation); a grid runs many in parallel.
 
-Protocols (``heldout``, the default, and ``paper``, what the authors' code does) are assembled by
-:func:`training.protocol.assemble`; their notes are there. A run's results are a :class:`RunResult`.
+Protocols (``heldout``, the default, and ``paper``, what the authors' code does) are made by
+:func:`training.protocol.evaluation_sets`; their notes are there. A run's results are a :class:`RunResult`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from training.data import MultiViewData, synthetic
 from training.evaluate import Evaluation, evaluate
 from training.heads import Activation
 from training.plots import write_plots
-from training.protocol import EvaluationSets, Protocol, assemble
+from training.protocol import EvaluationSets, ProtocolName, evaluation_sets
 from training.readers import read_registered
 from training.registry import dataset_spec
 from training.train import TrainConfig, train_members
@@ -39,7 +39,7 @@ class RunSpec:
     dataset: str
     method: Method = "dbf"
     seed: int = 0
-    protocol: Protocol = "heldout"
+    protocol: ProtocolName = "heldout"
     lam: float = 1.0
     activation: Activation = "exp"
     epochs: int = DEFAULT_EPOCHS
@@ -73,9 +73,9 @@ class RunResult:
         }
 
 
-def make_splits(dataset: MultiViewData, *, protocol: Protocol, seed: int) -> EvaluationSets:
+def make_splits(dataset: MultiViewData, *, protocol: ProtocolName, seed: int) -> EvaluationSets:
     """The sets an experiment trains and evaluates on: ``protocol``'s, with a conflictive test set."""
-    return assemble(dataset, protocol=protocol, seed=seed, conflictive=("test",))
+    return evaluation_sets(dataset, protocol=protocol, seed=seed, conflictive=("test",))
 
 
 def run(spec: RunSpec, data_dir: str | os.PathLike[str] | None = None) -> RunResult:

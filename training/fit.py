@@ -1,19 +1,25 @@
-"""From a dataset to a served model's directory: split and scale, train, calibrate, measure, write.
+"""From a dataset to a served model's directory, in named steps (:func:`fit`).
+
+1. read and check: the caller's (:mod:`training.readers`); here, the model's name and the flag's target;
+2. split and scale (:func:`training.protocol.evaluation_sets`, the ``heldout`` protocol): stratified train /
+   validation / test split (or the data's split column), scaling fitted on the training split, conflictive
+   copies of the validation and test splits;
+3. train one evidential head per view with the paper's loss and the model's fusion
+   (:func:`training.train.train_members`), on the rows that have each view; with several candidate
+   architectures, each is trained and the one kept that :func:`training.architecture.choose_heads` picks;
+4. evaluate on the test split, fused once: the paper's measures (:func:`training.evaluate.measure`), and
+   against each view's head alone and a plain model of all views (:mod:`training.baseline`);
+5. calibrate the flag, the confidence and the prediction sets (:func:`training.calibrate.calibrate`) on the
+   clean validation split, or, where it is small, cross-fitted on every non-test sample
+   (:mod:`training.crossfit`);
+6. export the ONNX graphs, the manifest and the card (:mod:`training.card`), written all at once
+   (:func:`training.export.write_model`).
 
 :func:`fit` is the one path: a user's data (``python -m training fit``: a budget of optimizer steps with early
 stopping on the validation loss, the heads' architecture chosen on it, and a model card) and the benchmark
 datasets (:func:`export`, ``python -m training export``: the paper's hyperparameters and a fixed number of
-epochs, what ``models/`` is made with) both go through it.
-
-1. the ``heldout`` protocol (:func:`training.protocol.assemble`): stratified train / validation / test split
-   (or the data's split column), scaling fitted on the training split, conflictive copies of the
-   validation and test splits;
-2. one evidential head per view, trained with the paper's loss and the model's fusion
-   (:func:`training.train.train_members`), on the rows that have each view; with several candidate
-   architectures, each is trained and the one kept that :func:`training.architecture.choose_heads` picks;
-3. everything post-hoc fitted on the validation split (:func:`training.calibrate.calibrate`);
-4. the measures on the test split and over every sample, for the manifest;
-5. the ONNX graphs, the manifest and the card, written all at once (:func:`training.export.write_model`).
+epochs, what ``models/`` is made with) both go through it. What it measured is a
+:class:`training.report.FitReport`.
 """
 
 from __future__ import annotations
@@ -21,144 +27,37 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from fusion import fuse, opinion_from_evidence
-from manifest import NAME_PATTERN, FusionDefaults, Manifest, Metrics, OutOfRange, ViewEntry
+from manifest import NAME_PATTERN, Manifest, Metrics
 from training.architecture import HeadChoice, choose_heads
-from training.calibrate import (
-    FlagScores,
-    FusedSplit,
-    PostHoc,
-    calibrate,
-    check_calibration_splits,
-    flag_scores,
-)
+from training.baseline import compare, fit_baseline
+from training.calibrate import FusedSplit, PostHoc, calibrate, check_calibration_splits
+from training.card import write_card
+from training.crossfit import out_of_fold, plan_cross_fitting
 from training.data import MultiViewData
-from training.evaluate import Evaluation, measure
-from training.export import check_model_dir, provenance, write_model
+from training.evaluate import measure
+from training.export import check_model_dir, write_model
+from training.heads import EvidentialHeads
 from training.metrics import accuracy
-from training.progress import Progress
-from training.protocol import EvaluationSets, assemble
+from training.progress import Progress, ProgressBar, ProgressLines, progress_for
+from training.protocol import EvaluationSets, Samples, evaluation_sets
 from training.readers import read_registered
 from training.registry import dataset_spec
-from training.train import (
-    Budget,
-    EarlyStopping,
-    History,
-    TrainConfig,
-    Trained,
-    predict_evidence,
-    train_members,
-)
+from training.report import FitReport
+from training.train import Budget, EarlyStopping, TrainConfig, Trained, predict_evidence, train_members
 
-__all__ = ["FitReport", "export", "fit"]
+__all__ = ["export", "fit"]
 
 PARITY_ROWS = 4096
 """Rows per view each ONNX graph is checked on against its torch head (every row of a smaller dataset)."""
-
-
-@dataclass(frozen=True, eq=False)
-class FitReport:
-    """What a fit measured: everything the manifest and the model card say.
-
-    Attributes
-    ----------
-    data : MultiViewData
-        The data fitted (names, classes, labels; its features are the scaled ones after an in-place fit).
-    sets : EvaluationSets
-        The protocol's splits and conflictive copies.
-    history : History
-        The training's epochs, losses and times.
-    evidence : dict of str to ndarray
-        The heads' evidence (N, V, K) on ``"validation"``, ``"validation_conflictive"``, ``"test"``,
-        ``"test_conflictive"`` and ``"everything"``, rows as in the matching :class:`Samples` of ``sets``.
-    calibration : PostHoc
-        What was fitted on the validation split: the flag, confidence and prediction sets.
-    test_scores : (FlagScores, FlagScores)
-        The flag's scores on the clean and conflictive test samples.
-    test : FusedSplit
-        The fused output on the clean and conflictive test samples (what the calibration is measured on).
-    evaluation : Evaluation
-        The paper's measures on the clean and conflictive test samples.
-    metrics : Metrics
-        The manifest's measures.
-    config, seed, early_stopping, time_limit
-        How it was trained (``config.hidden``: the heads kept).
-    choice : HeadChoice or None
-        The head architectures measured on the validation split, where ``fit`` chose between several.
-    seconds : dict of str to float
-        Wall time of each phase.
-    """
-
-    data: MultiViewData
-    sets: EvaluationSets
-    history: History
-    evidence: dict[str, np.ndarray] = field(repr=False)
-    calibration: PostHoc
-    test_scores: tuple[FlagScores, FlagScores] = field(repr=False)
-    test: FusedSplit = field(repr=False)
-    evaluation: Evaluation
-    metrics: Metrics
-    config: TrainConfig
-    seed: int
-    early_stopping: EarlyStopping | None
-    seconds: dict[str, float]
-    time_limit: float | None = None
-    choice: HeadChoice | None = None
-
-    def training(self) -> dict[str, object]:
-        """The manifest's ``training`` record: settings, seed, epochs and split sizes."""
-        config, hp = self.config, self.config.hyperparameters
-        record: dict[str, object] = {
-            "protocol": self.sets.protocol,
-            "seed": self.seed,
-            "method": config.method,
-            "lambda": config.lam,
-            "activation": config.activation,
-            "hidden": list(config.hidden),
-            "epochs": self.history.epochs,
-            "batch_size": config.batch_size,
-            "lr": hp.lr,
-            "annealing_step": hp.annealing_step,
-            "gamma": hp.gamma,
-            "weight_decay": hp.weight_decay,
-            "splits": {
-                "train": len(self.sets.train),
-                "validation": len(self.sets.validation),
-                "test": len(self.sets.test),
-            },
-        }
-        if self.early_stopping is not None:
-            record["max_epochs"] = config.epochs
-            record["patience"] = self.early_stopping.patience
-            record["best_epoch"] = self.history.best_epoch
-            record["still_improving"] = self.history.still_improving
-        if self.time_limit is not None:
-            record["time_limit_seconds"] = self.time_limit
-            record["timed_out"] = self.history.timed_out
-        return record
-
-    def manifest(self, views: list[ViewEntry], *, name: str) -> Manifest:
-        """The manifest of the model with the written ``views``."""
-        return Manifest(
-            name=name,
-            dataset=self.data.name,
-            classes=list(self.data.class_names),
-            views=views,
-            fusion=FusionDefaults(method=self.config.method, lam=self.config.lam),
-            conflict_flag=self.calibration.conflict_flag(self.test_scores),
-            calibration=self.calibration.calibration(self.test),
-            out_of_range=OutOfRange(),  # written out: the threshold is part of the model's contract
-            metrics=self.metrics,
-            training=self.training(),
-            provenance=provenance(),
-        )
 
 
 def fit(
@@ -176,7 +75,7 @@ def fit(
     progress: bool | Progress | Callable[[int], Progress] | None = None,
     in_place: bool = False,
 ) -> tuple[Manifest, FitReport]:
-    """Train, calibrate, measure and write ``data``'s model to ``out_dir`` (see the module notes).
+    """Train, evaluate, calibrate and write ``data``'s model to ``out_dir`` (see the module notes).
 
     Parameters
     ----------
@@ -189,9 +88,10 @@ def fit(
         Training settings; its method and lambda are also the model's default fusion. ``config.epochs`` is
         the maximum with ``early_stopping``.
     seed : int
-        Seeds the split and the conflictive copies (``config.seed`` the heads' initialisation).
+        Seeds the split, the conflictive copies, the baseline's and the cross-fitting's draws
+        (``config.seed`` the heads' initialisation).
     target_false_positive_rate : float
-        The share of clean validation samples the high-conflict flag raises.
+        The share of clean calibration samples the high-conflict flag raises.
     early_stopping : EarlyStopping, optional
         Stop on the validation loss; None trains ``config.epochs`` epochs.
     budget : Budget, optional
@@ -206,7 +106,8 @@ def fit(
     card : bool
         Write the model card (:mod:`training.card`) beside the manifest.
     progress : bool, Progress or callable, optional
-        How training reports its epochs (:func:`training.train.train_members`).
+        How training reports its epochs (:func:`training.train.train_members`); cross-fitting's models
+        report alike.
     in_place : bool
         Scale ``data``'s features in place: for data too large to hold twice. ``data`` is spent afterwards.
 
@@ -216,32 +117,124 @@ def fit(
     """
     out = Path(out_dir)
     name = name or out.name
-    if not re.fullmatch(NAME_PATTERN.strip("^$"), name):
-        raise ValueError(
-            f"{out}: {name!r} is not a valid model name (letters, digits, '_', '.' and '-', starting with a "
-            "letter or digit): it is the model's name in the API"
-        )
-    if not 0 < target_false_positive_rate < 1:
-        raise ValueError(
-            f"the target false-positive rate must lie in (0, 1), got {target_false_positive_rate}"
-        )
+    _check_name(out, name)
+    _check_target(target_false_positive_rate)
     if budget is not None and early_stopping is not None:
         raise ValueError("give a budget or early stopping, not both")
+    torch.set_num_threads(1)  # deterministic float summation order, hence the same weights and bytes
+    # Saturated heads' gradients turn subnormal, which x86 computes many times slower: flushed, they are 0.
+    torch.set_flush_denormal(True)
     seconds: dict[str, float] = {}
-    started = time.perf_counter()
-    raw = _parity_rows(data)  # before scaling: in place, the raw features are gone afterwards
-    sets = assemble(data, seed=seed, conflictive=("validation", "test"), in_place=in_place)
-    seconds["scaling"] = time.perf_counter() - started
+    with _timed(seconds, "scaling"):
+        raw = _parity_rows(data)  # before scaling: in place, the raw features are gone afterwards
+        sets = evaluation_sets(data, seed=seed, conflictive=("validation", "test"), in_place=in_place)
     check_calibration_splits(data, sets)
     check_model_dir(out, data=_data_path(data))  # and again where it is replaced, once trained
     time_limit = None
     if budget is not None:
         config = replace(config, epochs=budget.max_epochs(len(sets.train), config))
         early_stopping, time_limit = budget.early_stopping(len(sets.train), config), budget.seconds
-
     candidates = [config.hidden] if hidden is None else [tuple(widths) for widths in hidden]
-    if time_limit is not None:
-        time_limit /= len(candidates)
+    with _timed(seconds, "training"):
+        trained, choice = _train(
+            sets,
+            data,
+            config=config,
+            candidates=candidates,
+            early_stopping=early_stopping,
+            time_limit=time_limit,
+            progress=progress,
+        )
+    config = replace(config, hidden=candidates[0] if choice is None else choice.chosen.hidden)
+    with _timed(seconds, "evaluation"):
+        test = _fused(trained.heads, sets.test, sets.conflictive["test"], config=config)
+        baseline = fit_baseline(sets, num_classes=data.num_classes, seed=seed)
+        comparison = compare(test, data.view_names, baseline)
+        evaluation = measure(test)
+        metrics = Metrics(
+            acc_normal=evaluation.acc_normal,
+            acc_conflict=evaluation.acc_conflict,
+            auc=evaluation.auc,
+            acc_all_samples=_accuracy_over_everything(trained.heads, sets, config=config),
+        )
+    with _timed(seconds, "calibration"):
+        post_hoc = _calibrate(
+            sets,
+            trained,
+            num_classes=data.num_classes,
+            config=config,
+            seed=seed,
+            target=target_false_positive_rate,
+            progress=progress,
+        )
+    report = FitReport(
+        data=data,
+        sets=sets,
+        history=trained.history,
+        test=test,
+        evaluation=evaluation,
+        comparison=comparison,
+        post_hoc=post_hoc,
+        metrics=metrics,
+        config=config,
+        seed=seed,
+        early_stopping=early_stopping,
+        seconds=seconds,
+        time_limit=time_limit,
+        choice=choice,
+    )
+    with _timed(seconds, "export"):
+        manifest = write_model(
+            out,
+            heads=trained.heads,
+            scaler=sets.scaler,
+            parity={v: (raw[v][1], sets.views[v][raw[v][0]]) for v in data.view_names},
+            manifest=lambda views: report.manifest(views, name=name),
+            data=_data_path(data),
+            extras=(lambda directory, written: write_card(directory, report, written)) if card else None,
+        )
+    return manifest, report
+
+
+# -- the steps -------------------------------------------------------------------------------------------
+
+
+def _check_name(out: Path, name: str) -> None:
+    if not re.fullmatch(NAME_PATTERN.strip("^$"), name):
+        raise ValueError(
+            f"{out}: {name!r} is not a valid model name (letters, digits, '_', '.' and '-', starting with a "
+            "letter or digit): it is the model's name in the API"
+        )
+
+
+def _check_target(target_false_positive_rate: float) -> None:
+    if not 0 < target_false_positive_rate < 1:
+        raise ValueError(
+            f"the target false-positive rate must lie in (0, 1), got {target_false_positive_rate}"
+        )
+
+
+@contextmanager
+def _timed(seconds: dict[str, float], phase: str) -> Iterator[None]:
+    started = time.perf_counter()
+    yield
+    seconds[phase] = time.perf_counter() - started
+
+
+def _train(
+    sets: EvaluationSets,
+    data: MultiViewData,
+    *,
+    config: TrainConfig,
+    candidates: list[tuple[int, ...]],
+    early_stopping: EarlyStopping | None,
+    time_limit: float | None,
+    progress: bool | Progress | Callable[[int], Progress] | None,
+) -> tuple[Trained, HeadChoice | None]:
+    """The served model: one head per view on the training split, stopped on the validation loss; with
+    several candidate architectures (each with an equal share of the time limit), the one
+    :func:`training.architecture.choose_heads` picks on the validation split."""
+    share = None if time_limit is None else time_limit / len(candidates)
 
     def train_heads(widths: tuple[int, ...]) -> Trained:
         return train_members(
@@ -254,15 +247,11 @@ def fit(
             present=[sets.present],
             validation=[sets.validation],
             early_stopping=early_stopping,
-            time_limit=time_limit,
+            time_limit=share,
             progress=progress,
         )[0]
 
-    started = time.perf_counter()
-    torch.set_num_threads(1)  # deterministic float summation order, hence the same weights and bytes
-    # Saturated heads' gradients turn subnormal, which x86 computes many times slower: flushed, they are 0.
-    torch.set_flush_denormal(True)
-    trained, choice = choose_heads(
+    return choose_heads(
         train_heads,
         candidates,
         sets.validation,
@@ -270,105 +259,62 @@ def fit(
         method=config.method,
         lam=config.lam,
     )
-    config = replace(config, hidden=candidates[0] if choice is None else choice.chosen.hidden)
-    seconds["training"] = time.perf_counter() - started
 
-    started = time.perf_counter()
-    heads, method, lam = trained.heads, config.method, config.lam
-    named = {
-        "validation": sets.validation,
-        "validation_conflictive": sets.conflictive["validation"],
-        "test": sets.test,
-        "test_conflictive": sets.conflictive["test"],
-        "everything": sets.everything,
-    }
-    evidence = {key: predict_evidence(heads, samples) for key, samples in named.items()}
-    calibration = calibrate(
-        evidence["validation"],
-        evidence["validation_conflictive"],
-        labels=sets.validation.labels,
-        conflictive_labels=sets.conflictive["validation"].labels,
-        method=method,
-        lam=lam,
-        target_false_positive_rate=target_false_positive_rate,
-        clean_present=sets.validation.present,
-        conflictive_present=sets.conflictive["validation"].present,
-        seed=seed,
+
+def _fused(
+    heads: EvidentialHeads, clean: Samples, conflictive: Samples, *, config: TrainConfig
+) -> FusedSplit:
+    """A split and its conflictive copies, fused once as the model serves."""
+    return FusedSplit.of_evidence(
+        predict_evidence(heads, clean),
+        clean.labels,
+        method=config.method,
+        lam=config.lam,
+        present=clean.present,
+        conflictive=(predict_evidence(heads, conflictive), conflictive.labels, conflictive.present),
     )
-    test = FusedSplit.of_evidence(
-        evidence["test"],
-        sets.test.labels,
-        method=method,
-        lam=lam,
-        present=sets.test.present,
-        conflictive=(
-            evidence["test_conflictive"],
-            sets.conflictive["test"].labels,
-            sets.conflictive["test"].present,
-        ),
-    )
-    test_scores = tuple(
-        flag_scores(evidence[key], method=method, lam=lam, present=named[key].present)
-        for key in ("test", "test_conflictive")
-    )
-    evaluation = measure(
-        evidence["test"],
-        sets.test.labels,
-        evidence["test_conflictive"],
-        sets.conflictive["test"].labels,
-        method=method,
-        lam=lam,
-        clean_present=sets.test.present,
-        conflictive_present=sets.conflictive["test"].present,
-    )
-    everything = fuse(opinion_from_evidence(evidence["everything"]), method, lam=lam, mask=sets.present)
-    metrics = Metrics(
-        acc_normal=evaluation.acc_normal,
-        acc_conflict=evaluation.acc_conflict,
-        auc=evaluation.auc,
-        acc_all_samples=accuracy(everything.probability, data.labels),
-    )
-    seconds["evaluation"] = time.perf_counter() - started
-    report = FitReport(
-        data=data,
-        sets=sets,
-        history=trained.history,
-        evidence=evidence,
-        calibration=calibration,
-        test_scores=test_scores,
-        test=test,
-        evaluation=evaluation,
-        metrics=metrics,
+
+
+def _accuracy_over_everything(heads: EvidentialHeads, sets: EvaluationSets, *, config: TrainConfig) -> float:
+    """The fused accuracy over every sample, training ones included (the manifest's ``acc_all_samples``)."""
+    evidence = predict_evidence(heads, sets.everything)
+    fused = fuse(opinion_from_evidence(evidence), config.method, lam=config.lam, mask=sets.present)
+    return accuracy(fused.probability, sets.everything.labels)
+
+
+def _calibrate(
+    sets: EvaluationSets,
+    trained: Trained,
+    *,
+    num_classes: int,
+    config: TrainConfig,
+    seed: int,
+    target: float,
+    progress: bool | Progress | None,
+) -> PostHoc:
+    """The flag and the calibration section, fitted on the clean validation split, or cross-fitted on every
+    non-test sample where the validation split is small (:mod:`training.crossfit`)."""
+    plan = plan_cross_fitting(sets, num_classes=num_classes, seed=seed)
+    if plan is None:
+        split = _fused(trained.heads, sets.validation, sets.conflictive["validation"], config=config)
+        return calibrate(split, target_false_positive_rate=target, seed=seed)
+    epochs = trained.history.best_epoch
+    split = out_of_fold(
+        plan,
+        sets,
+        num_classes=num_classes,
         config=config,
-        seed=seed,
-        early_stopping=early_stopping,
-        seconds=seconds,
-        time_limit=time_limit,
-        choice=choice,
+        epochs=epochs,
+        progress=_labelled(progress, epochs, label=f"cross-fitting {plan.folds} models"),
     )
-
-    def write_card(directory: Path, manifest: Manifest) -> None:
-        from training.card import write_card
-
-        write_card(directory, report, manifest)
-
-    started = time.perf_counter()
-    manifest = write_model(
-        out,
-        data=_data_path(data),
-        heads=heads,
-        scaler=sets.scaler,
-        parity={v: (raw[v][1], sets.views[v][raw[v][0]]) for v in data.view_names},
-        manifest=lambda views: report.manifest(views, name=name),
-        extras=write_card if card else None,
-    )
-    seconds["export"] = time.perf_counter() - started
-    return manifest, report
+    return calibrate(split, target_false_positive_rate=target, folds=plan.folds, seed=seed)
 
 
-def _data_path(data: MultiViewData) -> Path | None:
-    """Where ``data`` was read from, if it names a file or directory: no model is written into or over it."""
-    return Path(data.source) if data.source and os.path.lexists(data.source) else None
+def _labelled(progress: bool | Progress | None, total: int, *, label: str) -> bool | Progress | None:
+    """A reporter like ``progress`` (a bar, lines) for another run of ``total`` epochs, named ``label``."""
+    if isinstance(progress, ProgressBar | ProgressLines):
+        return progress_for(total, bar=isinstance(progress, ProgressBar), label=label)
+    return progress
 
 
 def _parity_rows(data: MultiViewData) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -378,6 +324,11 @@ def _parity_rows(data: MultiViewData) -> dict[str, tuple[np.ndarray, np.ndarray]
         picked = np.flatnonzero(data.present[:, v])[:PARITY_ROWS]
         rows[name] = (picked, matrix[picked].copy())
     return rows
+
+
+def _data_path(data: MultiViewData) -> Path | None:
+    """Where ``data`` was read from, if it names a file or directory: no model is written into or over it."""
+    return Path(data.source) if data.source and os.path.lexists(data.source) else None
 
 
 def export(
@@ -391,7 +342,7 @@ def export(
     seed: int = 0,
     target_false_positive_rate: float = 0.05,
     name: str | None = None,
-) -> Manifest:
+) -> tuple[Manifest, FitReport]:
     """Fit a benchmark dataset as ``models/`` holds it: the paper's hyperparameters, ``config.epochs``
     epochs without early stopping, no card.
 
@@ -401,7 +352,7 @@ def export(
     spec = dataset_spec(dataset_name)
     config = config or TrainConfig(method=method, lam=lam, hyperparameters=spec.hyperparameters, seed=seed)
     data = read_registered(spec, data_dir)
-    manifest, _ = fit(
+    return fit(
         data,
         out_dir,
         config=config,
@@ -409,4 +360,3 @@ def export(
         target_false_positive_rate=target_false_positive_rate,
         name=name or dataset_name,
     )
-    return manifest

@@ -33,10 +33,10 @@ class Silent:
 class ProgressBar:
     """A tqdm bar over the maximum number of epochs, with the losses; its ETA assumes no early stop."""
 
-    def __init__(self, total: int, *, stream: TextIO | None = None) -> None:
+    def __init__(self, total: int, *, stream: TextIO | None = None, label: str | None = None) -> None:
         from tqdm import tqdm
 
-        self._bar = tqdm(total=total, unit="epoch", dynamic_ncols=True, file=stream or sys.stderr)
+        self._bar = tqdm(total=total, desc=label, unit="epoch", dynamic_ncols=True, file=stream or sys.stderr)
 
     def epoch(self, epoch: int, train_loss: float, validation_loss: float | None) -> None:
         losses = {"loss": f"{train_loss:.4f}"}
@@ -50,10 +50,14 @@ class ProgressBar:
 
 
 class ProgressLines:
-    """One line every ``every`` epochs (and at the last one): epoch, losses, time so far and at most left."""
+    """One line every ``every`` epochs (and at the last one): epoch, losses, time so far and at most left;
+    after ``label``, where given."""
 
-    def __init__(self, total: int, *, every: int | None = None, stream: TextIO | None = None) -> None:
+    def __init__(
+        self, total: int, *, every: int | None = None, stream: TextIO | None = None, label: str | None = None
+    ) -> None:
         self._total = total
+        self._label = f"{label}: " if label else ""
         self._every = every or max(1, total // 20)
         self._stream = stream or sys.stderr
         self._started = time.perf_counter()
@@ -71,7 +75,7 @@ class ProgressLines:
     def _write(self, *, stopped_early: bool = False) -> None:
         epoch, train_loss, validation_loss = self._last
         elapsed = time.perf_counter() - self._started
-        line = f"epoch {epoch}/{self._total}: loss {train_loss:.4f}"
+        line = f"{self._label}epoch {epoch}/{self._total}: loss {train_loss:.4f}"
         if validation_loss is not None:
             line += f", validation loss {validation_loss:.4f}"
         line += f", {_clock(elapsed)}"
@@ -82,12 +86,15 @@ class ProgressLines:
         print(line, file=self._stream, flush=True)
 
 
-def progress_for(total: int, *, quiet: bool = False, bar: bool | None = None) -> Progress:
+def progress_for(
+    total: int, *, quiet: bool = False, bar: bool | None = None, label: str | None = None
+) -> Progress:
     """The reporter for a run of at most ``total`` epochs: a bar on a terminal (not under CI, not ``quiet``),
-    else lines. ``bar=False`` gives lines, ``bar=True`` a bar, whatever the terminal."""
+    else lines. ``bar=False`` gives lines, ``bar=True`` a bar, whatever the terminal; ``label`` names the
+    run."""
     if bar is None:
         bar = not quiet and sys.stderr.isatty() and not os.environ.get("CI")
-    return ProgressBar(total) if bar else ProgressLines(total)
+    return ProgressBar(total, label=label) if bar else ProgressLines(total, label=label)
 
 
 def _clock(seconds: float) -> str:

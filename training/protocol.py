@@ -1,4 +1,4 @@
-"""The evaluation protocol, assembled once (:func:`assemble`) for experiments, exports and fits: splits,
+"""The evaluation protocol, made once (:func:`evaluation_sets`) for experiments, exports and fits: splits,
 scaling, and conflictive copies.
 
 The paper's protocol (section 4) evaluates on clean samples and on a *conflictive* copy of them, where one
@@ -21,7 +21,7 @@ views with the same view of a donor that has it. On complete data these rules ch
 Examples
 --------
 >>> from training.data import synthetic
->>> sets = assemble(synthetic(60, num_classes=3, seed=0), seed=0)
+>>> sets = evaluation_sets(synthetic(60, num_classes=3, seed=0), seed=0)
 >>> len(sets.train), len(sets.validation), len(sets.test), len(sets.conflictive["test"])
 (42, 6, 12, 12)
 >>> [x.shape for x in sets.conflictive["test"].features()]
@@ -45,15 +45,16 @@ __all__ = [
     "ConflictSource",
     "EvaluationSets",
     "MinMaxScaler",
-    "Protocol",
+    "ProtocolName",
     "Samples",
-    "assemble",
+    "conflictive_copy",
     "draw_conflicts",
+    "evaluation_sets",
     "make_conflictive",
     "stratified_split",
 ]
 
-Protocol = Literal["heldout", "paper"]
+ProtocolName = Literal["heldout", "paper"]
 ConflictSource = Literal["random", "prototype"]
 
 SPLIT_FRACTIONS = (0.7, 0.1, 0.2)
@@ -388,7 +389,7 @@ def make_conflictive(
     return conflictive, replaced
 
 
-# -- the protocol, assembled ---------------------------------------------------------------------------------
+# -- the protocol's sets -------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, eq=False)
@@ -457,7 +458,7 @@ class EvaluationSets:
         Every sample, in file order.
     """
 
-    protocol: Protocol
+    protocol: ProtocolName
     seed: int
     scaler: MinMaxScaler
     views: dict[str, np.ndarray] = field(repr=False)
@@ -469,10 +470,10 @@ class EvaluationSets:
     everything: Samples
 
 
-def assemble(
+def evaluation_sets(
     data: MultiViewData,
     *,
-    protocol: Protocol = "heldout",
+    protocol: ProtocolName = "heldout",
     seed: int,
     conflictive: Sequence[str] = ("test",),
     in_place: bool = False,
@@ -530,18 +531,7 @@ def assemble(
     if protocol == "heldout":
         splits = {"validation": validation, "test": test}
         for split in conflictive:
-            rows = splits[split]
-            if present is not None:  # one view has nothing to conflict with
-                rows = rows[present[rows].sum(axis=1) >= 2]
-            replaced, donors = draw_conflicts(
-                labels[rows],
-                num_views=len(names),
-                rng=rng,
-                source="random",
-                num_classes=data.num_classes,
-                present=None if present is None else present[rows],
-            )
-            sets[split] = samples(rows, replaced=replaced, donors=rows[donors])
+            sets[split] = conflictive_copy(samples(splits[split]), rng=rng, num_classes=data.num_classes)
     else:
         n = len(labels)
         order = rng.permutation(n)
@@ -570,6 +560,25 @@ def assemble(
         conflictive=sets,
         everything=samples(np.arange(data.num_samples)),
     )
+
+
+def conflictive_copy(samples: Samples, *, rng: np.random.Generator, num_classes: int) -> Samples:
+    """The ``heldout`` protocol's conflictive copy of clean ``samples``: of those with two views or more (one
+    view has nothing to conflict with), each has one present view replaced by the same view of a sample of
+    the next class among them that has it (:func:`draw_conflicts`)."""
+    keep = np.arange(len(samples))
+    if samples.present is not None:
+        keep = keep[samples.present.sum(axis=1) >= 2]
+    rows, present = samples.rows[keep], None if samples.present is None else samples.present[keep]
+    replaced, donors = draw_conflicts(
+        samples.labels[keep],
+        num_views=len(samples.views),
+        rng=rng,
+        source="random",
+        num_classes=num_classes,
+        present=present,
+    )
+    return Samples(samples.views, rows, samples.labels[keep], present, replaced=replaced, donors=rows[donors])
 
 
 def _check_class_sizes(data: MultiViewData) -> None:

@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol as TypingProtocol
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -105,7 +105,7 @@ class Trained:
     history: History
 
 
-class SampleSet(TypingProtocol):
+class SampleSet(Protocol):
     """Samples whose features come a chunk at a time (:class:`training.protocol.Samples`)."""
 
     labels: np.ndarray

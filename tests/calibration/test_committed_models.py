@@ -19,7 +19,7 @@ from fusion import Opinion, fuse, opinion_from_evidence
 from manifest import Manifest
 from tests.calibration.test_conformal import assert_guaranteed, empirical_coverage, splits_to_pin
 from tests.calibration.test_mapie import mapie_sets
-from training.calibrate import FusedSplit, evaluate_calibration, fit_calibration
+from training.calibrate import FusedSplit, evaluate_calibration, fit_confidence_and_sets
 from training.export import exported_evidence
 from training.protocol import make_conflictive, stratified_split
 from training.readers import load
@@ -67,7 +67,7 @@ def test_coverage_guarantee_holds_on_the_model_fused_outputs(fused, name):
     probability = np.concatenate([_probability(validation), _probability(test)])
     labels = np.concatenate([validation.labels, test.labels])
     n = validation.labels.size  # calibrated on as many samples as the model was
-    chosen = fit_calibration(validation).applied().score
+    chosen = fit_confidence_and_sets(validation).applied().score
     for coverage in (0.9, 0.95):
         for score in {LAC, chosen}:
             splits = splits_to_pin(n, labels.size - n, coverage) if score.kind == "lac" else 200
@@ -90,7 +90,7 @@ def _ece_noise_level(confidence: np.ndarray, *, seed=0, draws=500) -> float:
 @pytest.mark.parametrize("name", NAMES)
 def test_calibrated_confidence_meets_the_target_on_the_clean_test_split(fused, name):
     _, splits = fused[name]
-    section = fit_calibration(splits["validation"])
+    section = fit_confidence_and_sets(splits["validation"])
     report = evaluate_calibration(section, splits["test"])
     assert report.ece_confidence < report.ece_projected
     # The target, 0.05, where the test split is large enough to measure it (CUB's 120 samples are
@@ -105,7 +105,7 @@ def test_calibrated_confidence_meets_the_target_on_the_clean_test_split(fused, n
 @pytest.mark.parametrize("name", NAMES)
 def test_the_section_round_trips_through_a_version_2_manifest(fused, name):
     entry, splits = fused[name]
-    section = fit_calibration(splits["validation"], test=splits["test"])
+    section = fit_confidence_and_sets(splits["validation"], test=splits["test"])
     text = entry.model_copy(update={"calibration": section, "schema_version": 2}).json_text()
     loaded = Manifest.model_validate_json(text)
     assert loaded.schema_version == 2 and loaded.calibration == section

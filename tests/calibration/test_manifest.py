@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from fusion import Opinion
 from manifest import SCHEMA_VERSION, Calibration, Manifest, OutOfRange
-from training.calibrate import FusedSplit, fit_calibration
+from training.calibrate import FusedSplit, fit_confidence_and_sets
 
 COMMITTED = Path(__file__).resolve().parents[2] / "models" / "handwritten" / "manifest.json"
 
@@ -23,7 +23,7 @@ def section() -> Calibration:
     uncertainty = rng.uniform(0.1, 0.9, size=120)
     belief = rng.dirichlet(np.full(4, 0.5), size=120) * (1 - uncertainty)[:, None]
     labels = np.where(rng.random(120) < 0.8, belief.argmax(axis=1), rng.integers(4, size=120))
-    return fit_calibration(FusedSplit(Opinion(belief, uncertainty), labels), default_coverage=0.9)
+    return fit_confidence_and_sets(FusedSplit(Opinion(belief, uncertainty), labels), default_coverage=0.9)
 
 
 def _with(section: Calibration, **changes) -> dict:

@@ -109,7 +109,7 @@ def _quick(dataset: str) -> TrainConfig:
 
 @pytest.mark.data
 def test_export_writes_a_verified_deterministic_repository_entry(data_dir, tmp_path):
-    manifest = export("cub", tmp_path / "cub", data_dir=data_dir, config=_quick("cub"))
+    manifest, _ = export("cub", tmp_path / "cub", data_dir=data_dir, config=_quick("cub"))
     on_disk = Manifest.model_validate_json((tmp_path / "cub" / "manifest.json").read_text())
     assert on_disk == manifest
     assert [v.name for v in manifest.views] == ["image", "text"]
@@ -120,7 +120,7 @@ def test_export_writes_a_verified_deterministic_repository_entry(data_dir, tmp_p
     assert manifest.conflict_flag.validation.clean <= 0.05 + 1 / 60  # 60 validation samples
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cub"]  # no staging left behind
 
-    again = export("cub", tmp_path / "again", data_dir=data_dir, config=_quick("cub"))
+    again, _ = export("cub", tmp_path / "again", data_dir=data_dir, config=_quick("cub"))
     for name in ("image.onnx", "text.onnx", "manifest.json"):
         assert (tmp_path / "again" / name).read_bytes() == (tmp_path / "cub" / name).read_bytes()
     assert again == manifest

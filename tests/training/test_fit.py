@@ -4,6 +4,7 @@ a clear error and nothing written) out; and the served answers of a fitted model
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -16,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from fusion import fuse, opinion_from_evidence
-from manifest import Manifest
+from manifest import CalibrationSamples, Manifest
 from tests.service.conftest import running_service
 from training import export as exporting
 from training.__main__ import main
@@ -175,6 +176,70 @@ def test_missing_views(tmp_path):
         for name, rate in lacking.items():
             assert f"| `{name}` | {DIMS[name]} | {round(60 * (1 - rate))} | {100 * rate:.1f}% |" in card
         assert "fused from the views it has" in card
+
+
+# -- what a fit says of its model: baselines, intervals, calibration, warnings ------------------------------
+
+PERCENT_AND_INTERVAL = r"\d+\.\d% \[\d+\.\d, \d+\.\d\]"
+
+
+def test_the_card_and_summary_compare_with_each_view_and_a_plain_model_with_intervals(tmp_path, capsys):
+    views, labels = dataset()
+    out = tmp_path / "models" / "pets"
+    assert fit("--data", write_npy(tmp_path / "data", views, labels), "--out", out, *QUICK) == 0
+    card = (out / "card.md").read_text()
+    for view in DIMS:
+        assert re.search(rf"\| `{view}` alone \| {PERCENT_AND_INTERVAL} \| 12 \|", card)
+    assert re.search(rf"\| fused \| \*\*{PERCENT_AND_INTERVAL}\*\* \| 12 \|", card)
+    assert re.search(rf"\| logistic regression on all views \| {PERCENT_AND_INTERVAL} \| 12 \|", card)
+    assert re.search(rf"\| test \| {PERCENT_AND_INTERVAL} of 12 \| {PERCENT_AND_INTERVAL} of 12 \|", card)
+    assert re.search(r"\| 0\.9 \| \d+\.\d% \[\d+\.\d, \d+\.\d\] \|", card)  # coverage, with its band
+    summary = capsys.readouterr().out
+    assert re.search(r"\(best view alone \d\.\d{3}, \w+; all-views logistic regression \d\.\d{3}\)", summary)
+    assert re.search(r"test: \d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\] clean", summary)
+
+
+def test_a_small_validation_split_is_cross_fitted_and_an_unsupported_target_is_said(tmp_path, capsys):
+    views, labels = dataset()  # 60 samples: 6 to validate, 48 not to test
+    out = tmp_path / "models" / "pets"
+    assert fit("--data", write_npy(tmp_path / "data", views, labels), "--out", out, *QUICK) == 0
+    calibration = read_manifest(out).calibration
+    assert calibration.fitted_on == CalibrationSamples(kind="cross-fitted", samples=48, folds=5)
+    assert len(calibration.conformal.calibration_scores) == 48  # not the validation split's 6
+    assert calibration.validation.samples == 48
+    warning = "the flag's target, 5.0% of clean samples, rests on 48 clean calibration samples"
+    assert f"warning: {warning}" in capsys.readouterr().err
+    card = (out / "card.md").read_text()
+    assert "## Warnings" in card and warning in card
+    assert "out-of-fold evidence of all 48 non-test samples" in card and "Cross-conformal" in card
+
+
+def test_a_large_validation_split_calibrates_alone_with_split_conformal(tmp_path, capsys):
+    views, labels = dataset(per_class=1000)  # 300 to validate: enough to calibrate on alone
+    out = tmp_path / "models" / "pets"
+    assert fit("--data", write_npy(tmp_path / "data", views, labels), "--out", out, "--epochs", "2") == 0
+    calibration = read_manifest(out).calibration
+    assert calibration.fitted_on == CalibrationSamples(kind="validation", samples=300)
+    assert len(calibration.conformal.calibration_scores) == 300
+    assert "flag's target" not in capsys.readouterr().err  # 15 expected flags: enough
+    assert "Split conformal" in (out / "card.md").read_text()
+
+
+def test_a_useless_view_is_warned_about(tmp_path, capsys):
+    # One view that tells the classes apart, two of pure noise the heads overfit to: DBF's fusion of the
+    # three is below the good view alone (72% against 92% here; 11 to 20 points below on other draws).
+    rng = np.random.default_rng(0)
+    labels = rng.permutation(np.repeat(np.array(CLASSES), 60))
+    means = 1.5 * rng.normal(size=(len(CLASSES), 4))
+    views = {"signal": (means[np.searchsorted(CLASSES, labels)] + rng.normal(size=(labels.size, 4)))}
+    views |= {name: rng.normal(size=(labels.size, 20)) for name in ("noise_a", "noise_b")}
+    views = {name: matrix.astype(np.float32) for name, matrix in views.items()}
+    out = tmp_path / "models" / "pets"
+    command = ["--data", write_npy(tmp_path / "data", views, labels), "--out", out, "--epochs", "300"]
+    assert fit(*command, "--quiet") == 0
+    error = capsys.readouterr().err
+    assert "below its best view alone (`signal`:" in error and "try `--views` without it" in error
+    assert "below its best view alone (`signal`:" in (out / "card.md").read_text()
 
 
 # -- bad data: a clear error naming where, and nothing written ---------------------------------------------

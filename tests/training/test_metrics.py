@@ -1,4 +1,4 @@
-"""training.metrics as a specification: accuracy, AUROC, ECE, Brier score, NLL, uncertainty summary."""
+"""training.metrics as a specification: accuracy, AUROC, ECE, Brier score, NLL, uncertainty, intervals."""
 
 from __future__ import annotations
 
@@ -12,11 +12,14 @@ from hypothesis import strategies as st
 from fusion import fuse, opinion_from_evidence
 from training.evaluate import measure
 from training.metrics import (
+    Rate,
     accuracy,
     auroc,
     brier_score,
+    coverage_band,
     expected_calibration_error,
     negative_log_likelihood,
+    rate_interval,
     uncertainty_summary,
 )
 
@@ -286,3 +289,51 @@ def test_uncertainty_summary_of_a_matrix_goes_column_by_column() -> None:
 def test_uncertainty_summary_validates_its_shape(uncertainty: np.ndarray) -> None:
     with pytest.raises(ValueError, match=r"uncertainty must have shape \(N,\) or \(N, V\)"):
         uncertainty_summary(uncertainty)
+
+
+# ------------------------------------------------------------------------------------------------ intervals
+
+
+@given(st.integers(0, 2000).flatmap(lambda n: st.tuples(st.integers(0, n), st.just(n))))
+def test_rate_interval_is_clopper_pearson_as_scipy_computes_it(sample) -> None:
+    from scipy.stats import binomtest
+
+    successes, trials = sample
+    if trials == 0:
+        assert rate_interval(0, 0) == (0.0, 1.0)
+        return
+    expected = binomtest(successes, trials).proportion_ci(confidence_level=0.95, method="exact")
+    low, high = rate_interval(successes, trials)
+    assert low == pytest.approx(expected.low, abs=1e-12)
+    assert high == pytest.approx(expected.high, abs=1e-12)
+    assert low <= successes / trials <= high
+    assert Rate(successes, trials).interval == (low, high)
+
+
+def test_rate_interval_refuses_impossible_counts() -> None:
+    with pytest.raises(ValueError, match="0 <= successes <= trials"):
+        rate_interval(5, 4)
+
+
+@pytest.mark.parametrize(("trials", "level"), [(36, 0.9), (114, 0.9), (400, 0.95), (893, 0.8)])
+def test_coverage_band_is_the_central_95_percent_of_the_binomial(trials, level) -> None:
+    from scipy.stats import binom
+
+    low, high = coverage_band(trials, level)
+    low_count, high_count = round(low * trials), round(high * trials)
+    assert binom.cdf(high_count, trials, level) >= 0.975 > binom.cdf(high_count - 1, trials, level)
+    assert binom.cdf(low_count - 1, trials, level) < 0.025 <= binom.cdf(low_count, trials, level)
+
+
+def test_coverage_band_of_split_conformal_holds_its_share_of_simulated_calibrations() -> None:
+    # Continuous scores, exchangeable: calibrate on 40, measure on 100, 4000 times; the band holds 95%.
+    rng = np.random.default_rng(0)
+    calibration, trials, level, draws = 40, 100, 0.9, 4000
+    rank = math.ceil((calibration + 1) * level)
+    low, high = coverage_band(trials, level, calibration=calibration)
+    assert (low, high) != coverage_band(trials, level)  # wider: the threshold is random too
+    scores = rng.random((draws, calibration + trials))
+    threshold = np.sort(scores[:, :calibration], axis=1)[:, rank - 1]
+    covered = (scores[:, calibration:] <= threshold[:, None]).mean(axis=1)
+    inside = np.mean((covered >= low - 1e-12) & (covered <= high + 1e-12))
+    assert 0.94 <= inside <= 0.99  # at least 95% up to simulation noise (sd 0.0034), the tails' rounding

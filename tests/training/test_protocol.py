@@ -1,5 +1,5 @@
-"""The protocol assembled once (training.protocol.assemble): what the committed results and models were made
-with, and its rules for missing views."""
+"""The protocol's sets, made once (training.protocol.evaluation_sets): what the committed results and models
+were made with, and its rules for missing views."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from training.data import MultiViewData, synthetic
 from training.loss import total_loss
-from training.protocol import assemble
+from training.protocol import evaluation_sets
 from training.readers import load
 
 # SHA-256 prefixes of the protocol's arrays for seed 0, as the code before the protocol had its own module
@@ -62,9 +62,9 @@ def _digest(*arrays: np.ndarray) -> str:
 @pytest.mark.parametrize("name", sorted(GOLDEN))
 def test_the_protocol_makes_the_committed_sets(name, data_dir):
     data = load(name, data_dir)
-    experiment = assemble(data, seed=0, conflictive=("test",))
-    export = assemble(data, seed=0, conflictive=("validation", "test"))
-    paper = assemble(data, protocol="paper", seed=0)
+    experiment = evaluation_sets(data, seed=0, conflictive=("test",))
+    export = evaluation_sets(data, seed=0, conflictive=("validation", "test"))
+    paper = evaluation_sets(data, protocol="paper", seed=0)
     test = experiment.conflictive["test"]
     exported = [export.conflictive[split] for split in ("validation", "test")]
     conflictive = paper.conflictive["test"]
@@ -86,9 +86,9 @@ def test_the_protocol_makes_the_committed_sets(name, data_dir):
 
 def test_scaling_in_place_equals_scaling_a_copy():
     data = synthetic(300, dims=(7, 3), seed=2)
-    expected = assemble(data, seed=1, conflictive=("validation", "test"))
+    expected = evaluation_sets(data, seed=1, conflictive=("validation", "test"))
     spent = synthetic(300, dims=(7, 3), seed=2)
-    in_place = assemble(spent, seed=1, conflictive=("validation", "test"), in_place=True)
+    in_place = evaluation_sets(spent, seed=1, conflictive=("validation", "test"), in_place=True)
     for name in data.view_names:
         np.testing.assert_array_equal(in_place.views[name], expected.views[name])
         assert in_place.views[name] is spent.views[name]  # no second copy
@@ -113,7 +113,7 @@ def _with_missing(data: MultiViewData, *, seed: int) -> tuple[MultiViewData, np.
 
 def test_missing_views_are_left_out_of_scaling_and_conflicts():
     data, present = _with_missing(synthetic(300, seed=0), seed=1)
-    sets = assemble(data, seed=0, conflictive=("validation", "test"))
+    sets = evaluation_sets(data, seed=0, conflictive=("validation", "test"))
     np.testing.assert_array_equal(sets.present, present)
     for v, (name, matrix) in enumerate(data.views.items()):
         rows = sets.train.rows[present[sets.train.rows, v]]

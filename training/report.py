@@ -1,0 +1,121 @@
+"""What a fit measured (:class:`FitReport`): what the manifest records and the model card shows.
+
+:func:`training.fit.fit` makes it; :mod:`training.card` reads it. Neither imports the other's module for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from manifest import FusionDefaults, Manifest, Metrics, OutOfRange, ViewEntry
+from training.architecture import HeadChoice
+from training.baseline import Comparison
+from training.calibrate import FusedSplit, PostHoc
+from training.data import MultiViewData
+from training.evaluate import Evaluation
+from training.export import provenance
+from training.protocol import EvaluationSets
+from training.train import EarlyStopping, History, TrainConfig
+
+__all__ = ["FitReport"]
+
+
+@dataclass(frozen=True, eq=False)
+class FitReport:
+    """What a fit measured: everything the manifest and the model card say.
+
+    Attributes
+    ----------
+    data : MultiViewData
+        The data fitted (names, classes, labels; its features are the scaled ones after an in-place fit).
+    sets : EvaluationSets
+        The protocol's splits and conflictive copies.
+    history : History
+        The training's epochs, losses and times.
+    test : FusedSplit
+        The served model's output on the clean test samples and their conflictive copies, fused once, with
+        each view's own opinion: what everything below is measured on.
+    evaluation : Evaluation
+        The paper's measures on the test split.
+    comparison : Comparison
+        The fused model against each view's head alone and against a plain all-views model.
+    post_hoc : PostHoc
+        The flag and the calibration section, and the samples they were fitted on.
+    metrics : Metrics
+        The manifest's measures.
+    config, seed, early_stopping, time_limit
+        How it was trained (``config.hidden``: the heads kept).
+    seconds : dict of str to float
+        Wall time of each phase.
+    choice : HeadChoice or None
+        The head architectures measured on the validation split, where ``fit`` chose between several.
+    """
+
+    data: MultiViewData
+    sets: EvaluationSets
+    history: History
+    test: FusedSplit
+    evaluation: Evaluation
+    comparison: Comparison
+    post_hoc: PostHoc
+    metrics: Metrics
+    config: TrainConfig
+    seed: int
+    early_stopping: EarlyStopping | None
+    seconds: dict[str, float]
+    time_limit: float | None = None
+    choice: HeadChoice | None = None
+
+    @property
+    def warnings(self) -> list[str]:
+        """What the user should know before serving the model: where it falls short of a simpler one, and
+        what the data cannot support."""
+        return self.comparison.warnings() + self.post_hoc.warnings()
+
+    def training(self) -> dict[str, object]:
+        """The manifest's ``training`` record: settings, seed, epochs and split sizes."""
+        config, hp = self.config, self.config.hyperparameters
+        record: dict[str, object] = {
+            "protocol": self.sets.protocol,
+            "seed": self.seed,
+            "method": config.method,
+            "lambda": config.lam,
+            "activation": config.activation,
+            "hidden": list(config.hidden),
+            "epochs": self.history.epochs,
+            "batch_size": config.batch_size,
+            "lr": hp.lr,
+            "annealing_step": hp.annealing_step,
+            "gamma": hp.gamma,
+            "weight_decay": hp.weight_decay,
+            "splits": {
+                "train": len(self.sets.train),
+                "validation": len(self.sets.validation),
+                "test": len(self.sets.test),
+            },
+        }
+        if self.early_stopping is not None:
+            record["max_epochs"] = config.epochs
+            record["patience"] = self.early_stopping.patience
+            record["best_epoch"] = self.history.best_epoch
+            record["still_improving"] = self.history.still_improving
+        if self.time_limit is not None:
+            record["time_limit_seconds"] = self.time_limit
+            record["timed_out"] = self.history.timed_out
+        return record
+
+    def manifest(self, views: list[ViewEntry], *, name: str) -> Manifest:
+        """The manifest of the model with the written ``views``."""
+        return Manifest(
+            name=name,
+            dataset=self.data.name,
+            classes=list(self.data.class_names),
+            views=views,
+            fusion=FusionDefaults(method=self.config.method, lam=self.config.lam),
+            conflict_flag=self.post_hoc.conflict_flag(self.test),
+            calibration=self.post_hoc.calibration_section(self.test),
+            out_of_range=OutOfRange(),  # written out: the threshold is part of the model's contract
+            metrics=self.metrics,
+            training=self.training(),
+            provenance=provenance(),
+        )
