@@ -175,11 +175,10 @@ def _manifest_figures(manifest: Manifest) -> dict:
 
 
 def clopper_pearson(successes: int, trials: int) -> tuple[float, float]:
-    """The exact 95% interval of a binomial proportion."""
-    from scipy.stats import binomtest
+    """The exact 95% interval of a binomial proportion (:func:`training.metrics.rate_interval`)."""
+    from training.metrics import rate_interval
 
-    interval = binomtest(successes, trials).proportion_ci(confidence_level=0.95, method="exact")
-    return float(interval.low), float(interval.high)
+    return rate_interval(successes, trials)
 
 
 def coverage_range(runs: list[dict]) -> tuple[float, float]:

@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks.fit_datasets import load
 from benchmarks.fit_quality import clopper_pearson, coverage_range
-from training.calibration_tables import coverage_range as one_run_coverage_range
+from training.metrics import coverage_band
 from training.protocol import stratified_split
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,7 +71,7 @@ def test_one_data_set_one_seed_gives_a_row_per_table_and_every_run_in_json(tmp_p
 
 def test_one_run_coverage_range_is_the_beta_binomial_one():
     run = {"calibration_samples": 33, "test_samples": 67, "coverage_level": 0.9}
-    assert coverage_range([run]) == pytest.approx(one_run_coverage_range(33, 67, 0.9))
+    assert coverage_range([run]) == pytest.approx(coverage_band(67, 0.9, calibration=33))
 
 
 def test_coverage_range_narrows_over_seeds_around_the_level():
