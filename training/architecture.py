@@ -2,9 +2,8 @@
 
 The rule: both are trained alike (the same data, seed and budget) and measured on the validation split,
 fused as the service fuses; the hidden layer is kept only where its fused validation accuracy is higher
-than the linear heads'. A tie keeps the linear heads: fewer parameters, the paper's authors' choice, and
-what the benchmark datasets' validation splits prefer. A hidden layer wins where a view's classes are not
-linearly separable (an XOR of two features, say).
+than the linear heads'. A tie keeps the linear heads: fewer parameters, and the paper's authors' choice.
+A hidden layer wins where a view's classes are not linearly separable (an XOR of two features, say).
 """
 
 from __future__ import annotations
