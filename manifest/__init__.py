@@ -64,8 +64,8 @@ class ConflictFlag(_Strict):
 
     The threshold is the quantile of the score on clean validation samples that flags
     ``target_false_positive_rate`` of them; the score is whichever of fused uncertainty and largest pairwise
-    conflict separated clean from conflictive validation samples better (``validation_auroc``). Validation
-    samples: those the calibration section was fitted on (its ``fitted_on``).
+    conflict flags more of their conflictive copies at its threshold (``validation_auroc``: how each separates
+    them overall). Validation samples: those the calibration section was fitted on (its ``fitted_on``).
     """
 
     score: Literal["uncertainty", "max_conflict"]

@@ -378,30 +378,34 @@ def calibrate_flag(
     *,
     target_false_positive_rate: float,
 ) -> tuple[str, float, dict[str, float]]:
-    """Choose the flag's score and threshold on validation data.
+    """Choose the flag's score and threshold on calibration data.
+
+    For each candidate score, the threshold flags ``target_false_positive_rate`` of the clean samples
+    (``score >= threshold``; more only where scores tie); the score kept is the one whose threshold flags
+    the most conflictive samples (ties: the higher AUROC). The flag is served at that one threshold, so that
+    is where the scores are compared; AUROC averages over every threshold: on PIE both score 0.71 on the
+    test split, where at a 5% clean rate the largest conflict flags 46% of conflictive samples and fused
+    uncertainty 7%, and 544 cross-fitted samples chose the latter by AUROC (0.646 against 0.641).
 
     Parameters
     ----------
     clean, conflictive : FlagScores
-        Scores of clean validation samples and of their conflictive copies.
+        Scores of clean calibration samples and of their conflictive copies.
 
     Returns
     -------
-    (score, threshold, validation AUROC per score)
-        The score that separates better; the threshold flags ``target_false_positive_rate`` of the clean
-        samples (``score >= threshold``).
+    (score, threshold, AUROC per score)
     """
-    separation = {
-        name: auroc(
-            np.concatenate([clean[name], conflictive[name]]),
-            np.concatenate([np.zeros(len(clean[name]), bool), np.ones(len(conflictive[name]), bool)]),
-        )
-        for name in ("uncertainty", "max_conflict")
-    }
-    score = max(separation, key=separation.get)
-    # With score >= threshold, this flags the target share of clean samples (more only where scores tie).
-    threshold = float(np.quantile(clean[score], 1 - target_false_positive_rate, method="higher"))
-    return score, threshold, separation
+    positive = np.concatenate(
+        [np.zeros(len(clean["uncertainty"]), bool), np.ones(len(conflictive["uncertainty"]), bool)]
+    )
+    separation, thresholds, detected = {}, {}, {}
+    for name in ("uncertainty", "max_conflict"):
+        separation[name] = auroc(np.concatenate([clean[name], conflictive[name]]), positive)
+        thresholds[name] = float(np.quantile(clean[name], 1 - target_false_positive_rate, method="higher"))
+        detected[name] = float(np.mean(conflictive[name] >= thresholds[name]))
+    score = max(separation, key=lambda name: (detected[name], separation[name]))
+    return score, thresholds[score], separation
 
 
 MIN_EXPECTED_FLAGS = 10
@@ -457,7 +461,7 @@ class PostHoc:
             notes.append(
                 f"the flag's target, {target:.1%} of clean samples, rests on {n} clean calibration samples "
                 f"({n * target:.1f} expected flags, fewer than {MIN_EXPECTED_FLAGS}): its rate on new data "
-                f"may be far from the target; fit more data (or ask for a higher --target-fpr)"
+                "may be far from the target; fit more data (or ask for a higher --target-fpr)"
             )
         coverage = self.section.conformal.default_coverage
         if coverage < DEFAULT_COVERAGE:

@@ -7,9 +7,10 @@ service does, fuses with the model's fusion, and measures the manifest's calibra
 projected probability and of ``confidence``; the prediction sets' coverage and size at each level, on
 clean samples, on their conflictive copies, and on clean samples with one view left out (where nothing is
 guaranteed: the calibration samples were complete). A coverage is printed with the 95% range that a
-correct split-conformal calibration of that size gives on that many test samples, and with its mean over
-random re-splits of the same samples into calibration and test sets of the same sizes (one split is one
-draw: a correct method lands outside its 95% range one time in 20).
+correct split-conformal calibration of that size gives on that many test samples (for a cross-fitted one,
+that of a coverage of exactly the level), and with its mean over random re-splits of the same samples into
+calibration and test sets of the same sizes (one split is one draw: a correct method lands outside its 95%
+range one time in 20).
 """
 
 from __future__ import annotations
@@ -52,9 +53,10 @@ def calibration_tables(
             f"| {manifest.name} | {n} / {m} | {section.confidence.kind} | {section.conformal.score.kind} | "
             f"{report.ece_projected:.3f} | **{report.ece_confidence:.3f}** | {noise:.3f} |"
         )
+        split_conformal = section.fitted_on is None or section.fitted_on.kind == "validation"
         for level in LEVELS:
             clean, conflictive = report.clean[level], report.conflictive[level]
-            low, high = coverage_band(m, level, calibration=n)
+            low, high = coverage_band(m, level, calibration=n if split_conformal else None)
             resplit = _resplit_coverage(section, validation, test, level)
             sets.append(
                 f"| {manifest.name} | {level:g} | **{clean.coverage:.3f}** [{low:.3f}, {high:.3f}] | "
