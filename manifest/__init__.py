@@ -308,10 +308,12 @@ class Manifest(_Strict):
         import json
 
         # A version 1 manifest is written without the keys version 2 added, byte for byte as before; so is
-        # one written before `out_of_range` existed (its default applies, unwritten).
-        absent = {"calibration", "version"} if self.schema_version == 1 else set()
+        # one written before `out_of_range` or the calibration's `fitted_on` existed (defaults, unwritten).
+        absent: dict[str, object] = {"calibration": True, "version": True} if self.schema_version == 1 else {}
         if "out_of_range" not in self.model_fields_set:
-            absent.add("out_of_range")
+            absent["out_of_range"] = True
+        if self.calibration is not None and "fitted_on" not in self.calibration.model_fields_set:
+            absent.setdefault("calibration", {"fitted_on": True})
         content = self.model_dump(mode="json", by_alias=True, exclude=absent)
         return json.dumps(content, indent=2, sort_keys=True) + "\n"
 

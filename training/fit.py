@@ -122,8 +122,6 @@ def fit(
     if budget is not None and early_stopping is not None:
         raise ValueError("give a budget or early stopping, not both")
     torch.set_num_threads(1)  # deterministic float summation order, hence the same weights and bytes
-    # Saturated heads' gradients turn subnormal, which x86 computes many times slower: flushed, they are 0.
-    torch.set_flush_denormal(True)
     seconds: dict[str, float] = {}
     with _timed(seconds, "scaling"):
         raw = _parity_rows(data)  # before scaling: in place, the raw features are gone afterwards
@@ -135,7 +133,7 @@ def fit(
         config = replace(config, epochs=budget.max_epochs(len(sets.train), config))
         early_stopping, time_limit = budget.early_stopping(len(sets.train), config), budget.seconds
     candidates = [config.hidden] if hidden is None else [tuple(widths) for widths in hidden]
-    with _timed(seconds, "training"):
+    with _timed(seconds, "training"), _subnormals_flushed():
         trained, choice = _train(
             sets,
             data,
@@ -157,7 +155,7 @@ def fit(
             auc=evaluation.auc,
             acc_all_samples=_accuracy_over_everything(trained.heads, sets, config=config),
         )
-    with _timed(seconds, "calibration"):
+    with _timed(seconds, "calibration"), _subnormals_flushed():
         post_hoc = _calibrate(
             sets,
             trained,
@@ -219,6 +217,18 @@ def _timed(seconds: dict[str, float], phase: str) -> Iterator[None]:
     started = time.perf_counter()
     yield
     seconds[phase] = time.perf_counter() - started
+
+
+@contextmanager
+def _subnormals_flushed() -> Iterator[None]:
+    """Saturated heads' gradients turn subnormal late in long fits, which x86 computes many times slower:
+    flushed to 0 while training. The flag is the process's: restored afterwards (numpy, hypothesis and the
+    caller's own code expect IEEE arithmetic)."""
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
 
 
 def _train(

@@ -298,7 +298,7 @@ def test_a_folder_made_at_out_during_training_is_not_replaced(tmp_path):
 
         def epoch(self, epoch: int, train_loss: float, validation_loss: float | None) -> None:
             if epoch == 1:
-                out.mkdir(parents=True)
+                out.mkdir(parents=True, exist_ok=True)  # cross-fitting's models report too
                 (out / "ideas.txt").write_text("keep me")
 
         def close(self, *, stopped_early: bool = False) -> None:

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fusion import fuse, opinion_from_evidence
+from training.calibrate import FusedSplit
 from training.evaluate import measure
 from training.metrics import (
     Rate,
@@ -263,7 +264,10 @@ def test_fused_near_dogmatic_views_are_measured_despite_float32_rounding() -> No
     for method in ("gbaf", "dbf"):
         probability = fuse(opinion_from_evidence(evidence), method).probability
         assert probability.max() > 1.0  # what float32 leaves
-        evaluation = measure(evidence, np.array([0, 1]), evidence, np.array([1, 0]), method=method)
+        split = FusedSplit.of_evidence(
+            evidence, np.array([0, 1]), method=method, lam=1.0, conflictive=(evidence, np.array([1, 0]), None)
+        )
+        evaluation = measure(split)
         assert (evaluation.acc_normal, evaluation.acc_conflict) == (1.0, 0.0)
         assert 0.0 <= evaluation.ece <= 1e-6 and 0.0 <= evaluation.brier <= 1e-6
         assert accuracy(probability, np.array([0, 1])) == 1.0
