@@ -20,8 +20,11 @@ fold models' own sets theory guarantees at least ``1 - 2 (1 - c)``, and in pract
 the served model, trained like them on a little more data, is held to the same threshold. Measured over
 200 synthetic data sets of 300 samples (``tests/training/test_crossfit.py``): coverage 0.899 on average at
 0.9, at least 0.82, with a spread (standard deviation 0.020) less than half that of split conformal on the
-28 validation samples (0.048); the flag's clean rate 5.5% at 5% (standard deviation 1.6% against 5.2%). On
-real data the card measures it on the test split, with the range a correct method lands in.
+28 validation samples (0.048); the flag's clean rate 5.5% at 5% (standard deviation 1.6% against 5.2%).
+On breast cancer, diabetes, digits, two synthetic sets (fit's defaults) and PIE, CUB and HandWritten
+(exported), 5 seeds each: the flag's clean test rate 3.5% to 5.9% on average, coverage at 0.9 0.89 to 0.92,
+and the confidence's test ECE lower than fitted on the validation split alone on every one. The card
+measures each model on its test split, with the range a correct method lands in.
 
 Examples
 --------

@@ -340,4 +340,4 @@ def test_coverage_band_of_split_conformal_holds_its_share_of_simulated_calibrati
     threshold = np.sort(scores[:, :calibration], axis=1)[:, rank - 1]
     covered = (scores[:, calibration:] <= threshold[:, None]).mean(axis=1)
     inside = np.mean((covered >= low - 1e-12) & (covered <= high + 1e-12))
-    assert 0.94 <= inside <= 0.99  # at least 95% up to simulation noise (sd 0.0034), the tails' rounding
+    assert 0.94 <= inside <= 0.99  # at least 95%, up to simulation noise and the tails' rounding
