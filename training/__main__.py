@@ -173,7 +173,9 @@ def _fit(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     hyperparameters = data.spec.hyperparameters if data.spec is not None else DEFAULT_HYPERPARAMETERS
-    config = TrainConfig(method=args.method, lam=args.lam, hyperparameters=hyperparameters, seed=args.seed)
+    config = TrainConfig(
+        method=args.method, lam=args.lam, hyperparameters=hyperparameters, beta=args.beta, seed=args.seed
+    )
     budget = Budget(epochs=args.epochs, patience=args.patience, seconds=args.max_minutes * 60)
     try:
         manifest, report = fit(
@@ -247,6 +249,16 @@ def _minutes(text: str) -> float:
     return minutes
 
 
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
 def _warn(report) -> None:
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -279,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from training.architecture import SMALL_HIDDEN
     from training.experiment import DEFAULT_EPOCHS
-    from training.train import Budget
+    from training.train import FIT_BETA, Budget
 
     grid = commands.add_parser(
         "experiment", help="train and evaluate a grid of runs; write results and tables"
@@ -398,6 +410,13 @@ def main(argv: list[str] | None = None) -> int:
     own.add_argument("--seed", type=int, default=0, help="seeds the split and the heads' initialisation")
     own.add_argument("--lambda", dest="lam", type=float, default=1.0, help="DBF's strictness (default 1)")
     own.add_argument("--method", default="dbf", choices=METHODS)
+    own.add_argument(
+        "--beta",
+        type=_non_negative,
+        default=FIT_BETA,
+        help="weight of each view's own loss beside the fused one (the paper's beta; default "
+        f"{FIT_BETA:g}: the fused answer first; 1: each view's head also accurate alone)",
+    )
     own.add_argument(
         "--target-fpr",
         type=float,

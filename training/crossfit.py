@@ -55,6 +55,7 @@ from training.train import TrainConfig, predict_evidence, train_members
 __all__ = [
     "CROSS_FIT_BELOW",
     "FOLDS",
+    "CrossFitted",
     "CrossFitting",
     "fused_out_of_fold",
     "out_of_fold",
@@ -87,6 +88,30 @@ class CrossFitting:
     @property
     def folds(self) -> int:
         return len(self.training)
+
+
+@dataclass(frozen=True)
+class CrossFitted:
+    """The out-of-fold evidence of every non-test sample, fused (:func:`out_of_fold`), and how long the fold
+    models trained: ``epochs`` of the ``asked``, fewer where the time limit ended their run."""
+
+    split: FusedSplit
+    epochs: int
+    asked: int
+
+    @property
+    def timed_out(self) -> bool:
+        return self.epochs < self.asked
+
+    def warnings(self) -> list[str]:
+        """Whether the fold models trained less than the served model (the time limit ended them)."""
+        if not self.timed_out:
+            return []
+        return [
+            f"cross-fitting stopped at the time limit after {self.epochs} of {self.asked} epochs: the fold "
+            "models the flag, the confidence and the prediction sets are calibrated on trained less than the "
+            "served model, so their rates on new data may differ; raise --max-minutes"
+        ]
 
 
 def plan_cross_fitting(sets: EvaluationSets, *, num_classes: int, seed: int) -> CrossFitting | None:
@@ -123,11 +148,13 @@ def out_of_fold(
     num_classes: int,
     config: TrainConfig,
     epochs: int,
+    time_limit: float | None = None,
     progress: bool | Progress | None = None,
-) -> FusedSplit:
-    """Train the fold models of ``plan`` for ``epochs`` epochs each and fuse each one's evidence on its own
-    fold and on that fold's conflictive copies, as ``config``'s fusion fuses: one split of every non-test
-    sample (in fold order), for :func:`training.calibrate.calibrate`."""
+) -> CrossFitted:
+    """Train the fold models of ``plan`` for ``epochs`` epochs each (or until ``time_limit`` seconds have
+    passed) and fuse each one's evidence on its own fold and on that fold's conflictive copies, as
+    ``config``'s fusion fuses: one split of every non-test sample (in fold order), for
+    :func:`training.calibrate.calibrate`."""
     k = plan.folds
     models = train_members(
         [list(sets.views.values())] * k,
@@ -137,14 +164,16 @@ def out_of_fold(
         seeds=[config.seed] * k,  # the served model's initial weights: the models differ in their data only
         rows=plan.training,
         present=[sets.present] * k,
+        time_limit=time_limit,
         progress=progress,
     )
-    return fused_out_of_fold(
+    split = fused_out_of_fold(
         plan,
         lambda k, samples: predict_evidence(models[k].heads, samples),
         method=config.method,
         lam=config.lam,
     )
+    return CrossFitted(split=split, epochs=models[0].history.epochs, asked=epochs)
 
 
 def fused_out_of_fold(

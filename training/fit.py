@@ -41,7 +41,7 @@ from training.architecture import HeadChoice, choose_heads
 from training.baseline import compare, fit_baseline
 from training.calibrate import FusedSplit, PostHoc, calibrate, check_calibration_splits
 from training.card import write_card
-from training.crossfit import out_of_fold, plan_cross_fitting
+from training.crossfit import CrossFitted, out_of_fold, plan_cross_fitting
 from training.data import MultiViewData
 from training.evaluate import measure
 from training.export import check_model_dir, write_model
@@ -156,13 +156,14 @@ def fit(
             acc_all_samples=_accuracy_over_everything(trained.heads, sets, config=config),
         )
     with _timed(seconds, "calibration"), _subnormals_flushed():
-        post_hoc = _calibrate(
+        post_hoc, cross_fitted = _calibrate(
             sets,
             trained,
             num_classes=data.num_classes,
             config=config,
             seed=seed,
             target=target_false_positive_rate,
+            time_limit=time_limit,
             progress=progress,
         )
     report = FitReport(
@@ -180,6 +181,7 @@ def fit(
         seconds=seconds,
         time_limit=time_limit,
         choice=choice,
+        cross_fitted=cross_fitted,
     )
     with _timed(seconds, "export"):
         manifest = write_model(
@@ -300,24 +302,28 @@ def _calibrate(
     config: TrainConfig,
     seed: int,
     target: float,
+    time_limit: float | None,
     progress: bool | Progress | None,
-) -> PostHoc:
+) -> tuple[PostHoc, CrossFitted | None]:
     """The flag and the calibration section, fitted on the clean validation split, or cross-fitted on every
-    non-test sample where the validation split is small (:mod:`training.crossfit`)."""
+    non-test sample where the validation split is small (:mod:`training.crossfit`; the fold models get a
+    time limit of their own, as long as the served model's)."""
     plan = plan_cross_fitting(sets, num_classes=num_classes, seed=seed)
     if plan is None:
         split = _fused(trained.heads, sets.validation, sets.conflictive["validation"], config=config)
-        return calibrate(split, target_false_positive_rate=target, seed=seed)
+        return calibrate(split, target_false_positive_rate=target, seed=seed), None
     epochs = trained.history.best_epoch
-    split = out_of_fold(
+    cross_fitted = out_of_fold(
         plan,
         sets,
         num_classes=num_classes,
         config=config,
         epochs=epochs,
+        time_limit=time_limit,
         progress=_labelled(progress, epochs, label=f"cross-fitting {plan.folds} models"),
     )
-    return calibrate(split, target_false_positive_rate=target, folds=plan.folds, seed=seed)
+    post_hoc = calibrate(cross_fitted.split, target_false_positive_rate=target, folds=plan.folds, seed=seed)
+    return post_hoc, cross_fitted
 
 
 def _labelled(progress: bool | Progress | None, total: int, *, label: str) -> bool | Progress | None:

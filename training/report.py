@@ -11,6 +11,7 @@ from manifest import FusionDefaults, Manifest, Metrics, OutOfRange, ViewEntry
 from training.architecture import HeadChoice
 from training.baseline import Comparison
 from training.calibrate import FusedSplit, PostHoc
+from training.crossfit import CrossFitted
 from training.data import MultiViewData
 from training.evaluate import Evaluation
 from training.export import provenance
@@ -49,6 +50,8 @@ class FitReport:
         Wall time of each phase.
     choice : HeadChoice or None
         The head architectures measured on the validation split, where ``fit`` chose between several.
+    cross_fitted : CrossFitted or None
+        The fold models' run, where the calibrations were cross-fitted.
     """
 
     data: MultiViewData
@@ -65,12 +68,14 @@ class FitReport:
     seconds: dict[str, float]
     time_limit: float | None = None
     choice: HeadChoice | None = None
+    cross_fitted: CrossFitted | None = None
 
     @property
     def warnings(self) -> list[str]:
         """What the user should know before serving the model: where it falls short of a simpler one, and
         what the data cannot support."""
-        return self.comparison.warnings() + self.post_hoc.warnings()
+        cut_short = [] if self.cross_fitted is None else self.cross_fitted.warnings()
+        return self.comparison.warnings() + self.post_hoc.warnings() + cut_short
 
     def training(self) -> dict[str, object]:
         """The manifest's ``training`` record: settings, seed, epochs and split sizes."""
@@ -87,6 +92,7 @@ class FitReport:
             "lr": hp.lr,
             "annealing_step": hp.annealing_step,
             "gamma": hp.gamma,
+            "beta": config.beta,
             "weight_decay": hp.weight_decay,
             "splits": {
                 "train": len(self.sets.train),
@@ -102,6 +108,11 @@ class FitReport:
         if self.time_limit is not None:
             record["time_limit_seconds"] = self.time_limit
             record["timed_out"] = self.history.timed_out
+        if self.cross_fitted is not None:
+            record["cross_fitting"] = {
+                "epochs": self.cross_fitted.epochs,
+                "timed_out": self.cross_fitted.timed_out,
+            }
         return record
 
     def manifest(self, views: list[ViewEntry], *, name: str) -> Manifest:
