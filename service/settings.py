@@ -39,7 +39,7 @@ class Settings(BaseSettings):
     )
     # Bytes of request bodies buffered at once, across requests (declared lengths reserved up front,
     # decompressed bytes counted too); beyond it, 503 overloaded with Retry-After. With bodies of at most
-    # DBF_MAX_BODY_BYTES, the default keeps concurrent big uploads within a 1 GiB pod (README: production).
+    # DBF_MAX_BODY_BYTES, the default keeps concurrent big uploads within a 1 GiB pod (docs: limits).
     body_memory_bytes: int = Field(
         default=128 * 1024 * 1024, ge=1, description="request body bytes buffered at once, all requests"
     )
