@@ -41,8 +41,9 @@ def _table(header: Iterable[str], rows: Iterable[Iterable[object]]) -> str:
 
 
 def _type_name(annotation: Any) -> str:
+    """``int``, ``path``, ``SecretStr | None``: the annotation without its modules."""
     name = getattr(annotation, "__name__", None) or str(annotation)
-    return {"SecretStr | None": "secret (unset)", "Path": "path"}.get(name, name).replace("typing.", "")
+    return re.sub(r"\b(?:\w+\.)+(\w+)", r"\1", {"Path": "path"}.get(name, name))
 
 
 def _default(field: Any) -> str:
