@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -90,3 +91,10 @@ def test_every_metric_is_in_the_metrics_list(site):
 )
 def test_search_finds_what_a_newcomer_asks(site, term, where):
     assert where in _search(site, term)
+
+
+def test_the_readmes_links_lead_to_pages():
+    """The README is outside the site (mkdocs does not check it): its links into docs/ must lead somewhere."""
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", (ROOT / "README.md").read_text())
+    broken = [link for link in links if "://" not in link and not (ROOT / link).is_file()]
+    assert links and not broken
