@@ -126,6 +126,20 @@ def openapi_page() -> str:
 # --- alerts and metrics -----------------------------------------------------------------------------------
 
 
+_TEMPLATE_BLOCK = re.compile(r"\{\{-?\s*with\b.*?\{\{-?\s*end\s*-?\}\}", re.DOTALL)
+_TEMPLATE = re.compile(r"\{\{-?\s*(.*?)\s*-?\}\}")
+
+
+def _filled(template: str) -> str:
+    """An annotation as a reader sees it: ``{{ $labels.model }}`` reads *model*, ``{{ $value }}`` *value*."""
+
+    def name(match: re.Match) -> str:
+        words = match.group(1).split("|")[0].strip()
+        return f"*{words.removeprefix('$labels.').removeprefix('$')}*"
+
+    return _TEMPLATE.sub(name, _TEMPLATE_BLOCK.sub("*(a queried value)*", template))
+
+
 def alerts_table() -> str:
     """Every alert of ``deploy/prometheus/alerts.yml``: severity, duration, summary, what to do."""
     import yaml
@@ -142,8 +156,8 @@ def alerts_table() -> str:
                     f"`{rule['alert']}`",
                     rule.get("labels", {}).get("severity", ""),
                     rule.get("for", "0s"),
-                    annotations.get("summary", ""),
-                    annotations.get("description", ""),
+                    _filled(annotations.get("summary", "")),
+                    _filled(annotations.get("description", "")),
                 )
             )
     return _table(("alert", "severity", "for", "summary", "what it means, what to do"), rows)
