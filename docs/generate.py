@@ -46,7 +46,7 @@ def _type_name(annotation: Any) -> str:
     return re.sub(r"\b(?:\w+\.)+(\w+)", r"\1", {"Path": "path"}.get(name, name))
 
 
-def _default(field: Any) -> str:
+def _default(name: str, field: Any) -> str:
     if field.default_factory is not None:
         return "computed at start-up"
     value = field.default
@@ -54,7 +54,17 @@ def _default(field: Any) -> str:
         return "unset"
     if isinstance(value, bool):
         return str(value).lower()
+    if name.endswith("_bytes") and isinstance(value, int):
+        return f"`{value}` ({_binary_size(value)})"
     return f"`{value}`"
+
+
+def _binary_size(count: int) -> str:
+    """``8388608`` reads ``8 MiB``: sizes are set in bytes, and read in binary units."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= scale and count % scale == 0:
+            return f"{count // scale} {unit}"
+    return f"{count} bytes"
 
 
 def _bounds(field: Any) -> str:
@@ -77,7 +87,7 @@ def settings_table() -> str:
         (
             f"`{prefix}{name.upper()}`",
             _type_name(field.annotation),
-            _default(field),
+            _default(name, field),
             _bounds(field),
             field.description or "",
         )
