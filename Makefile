@@ -7,7 +7,7 @@ export DBF_DATA_DIR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data)
 
 MODELS := handwritten pie scene15 cub
 
-.PHONY: serve test lint format bench clean models $(MODELS:%=model-%)
+.PHONY: serve test lint format bench docs clean models $(MODELS:%=model-%)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,10 @@ lint: $(VENV)/.installed-dev
 format: $(VENV)/.installed-dev
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
+
+# The docs site (docs/, mkdocs.yml), rebuilt on every edit; port 8001, beside the service's 8000.
+docs: $(VENV)/.installed-dev
+	$(BIN)/mkdocs serve --dev-addr 127.0.0.1:8001
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python -m benchmarks.fusion --torch

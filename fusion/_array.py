@@ -17,8 +17,8 @@ Array = Any
 """An array-API array: :class:`numpy.ndarray`, :class:`torch.Tensor`, anything array-api-compat knows."""
 
 # Above this many pairwise elements (batch x V x V x K) numpy's broadcast, which runs its innermost loop over
-# the short class axis, loses to a class-major loop over view pairs with long contiguous rows (measured,
-# V=6, K=10 float32: B=65536 67 ms vs 18 ms; B=128 112 us vs 79 us; B=64 54 us vs 74 us).
+# the short class axis, loses to a class-major loop over view pairs with long contiguous rows (measured at
+# V=6, K=10 float32: the crossover lies between batches of 64 and 128; timings in docs/benchmarks.md).
 _NUMPY_BROADCAST_LIMIT = 1 << 15
 _NUMPY_IS_ARRAY_API = _numpy.lib.NumpyVersion(_numpy.__version__) >= "2.1.0"
 
@@ -48,8 +48,8 @@ def as_floating(x: Array, xp: Any) -> Array:
 def sum_last(x: Array, xp: Any) -> Array:
     """Sum over the last axis, ``(..., K) -> (...)``.
 
-    numpy's reduction over a short trailing axis runs ~8x slower than the same sum as a BLAS matrix-vector
-    product (B=65536, V=6, K=10 float32: 10 ms vs 1.2 ms); other backends use their own ``sum``.
+    numpy's reduction over a short trailing axis runs several times slower than the same sum as a BLAS
+    matrix-vector product; other backends use their own ``sum``.
     """
     if xp is _numpy:
         k = x.shape[-1]
@@ -61,8 +61,8 @@ def sum_last(x: Array, xp: Any) -> Array:
 def pairwise_l1(x: Array, xp: Any) -> Array:
     """Pairwise L1 distances between the rows of ``x``: ``(..., V, K) -> (..., V, V)``.
 
-    Uses the backend's native kernel where it has one: ``torch.cdist`` for float32/float64 (a training step at
-    batch 200 takes 7.4 ms with it, 10.9 ms with the broadcast; it has first-order gradients only, so no
+    Uses the backend's native kernel where it has one: ``torch.cdist`` for float32/float64 (a training step is
+    faster with it than with the broadcast; it has first-order gradients only, so no
     double backward or forward-mode AD through the conflict matrix). numpy has none, so it gets the faster
     of two vectorised forms for the size at hand; everything else gets the broadcast.
     """
@@ -101,7 +101,7 @@ def _numpy_pairwise_l1_class_major(x: Any) -> Any:
     rows = np.ascontiguousarray(np.moveaxis(rows, 0, -1))
     out = np.zeros((rows.shape[-1], v, v), dtype=x.dtype)  # written in the caller's layout: stays contiguous
     diff = np.empty(rows.shape[1:], dtype=x.dtype)
-    distance = np.empty(rows.shape[-1], dtype=x.dtype)  # reducing straight into a strided slice is 2x slower
+    distance = np.empty(rows.shape[-1], dtype=x.dtype)  # reducing straight into a strided slice is slower
     for i in range(v):
         for j in range(i + 1, v):  # the matrix is symmetric with a zero diagonal
             np.subtract(rows[i], rows[j], out=diff)

@@ -125,6 +125,6 @@ def discount_factors(conflict: Array, /, *, lam: float = 1.0, xp=None) -> Array:
     """
     a = agreement(conflict, lam=lam, xp=xp)
     eta = a[..., 0]
-    for i in range(1, a.shape[-1]):  # unrolled over the few views: ~6x faster than numpy's prod(axis=-1)
+    for i in range(1, a.shape[-1]):  # unrolled over the few views: faster than numpy's prod(axis=-1)
         eta = eta * a[..., i]
     return eta

@@ -29,9 +29,9 @@ T = TypeVar("T")
 # already, and runs alone (no queue).
 BATCHED_SAMPLE_VIEWS = 256
 # A batch of at most this many feature values (samples x the views' dimensions) runs its heads and fusion on
-# the event loop when they run on the CPU: that takes about a millisecond, most of it dozens of small numpy
-# calls that hold the GIL, so a thread would stall the event loop as long and add the GIL's hand-offs besides
-# (one-sample requests at concurrency 16: +18% throughput inline). Bigger batches, and heads on a GPU (whose
+# the event loop when they run on the CPU: that is short, most of it dozens of small numpy calls that hold
+# the GIL, so a thread would stall the event loop as long and add the GIL's hand-offs besides (inline is the
+# faster: docs/benchmarks.md). Bigger batches, and heads on a GPU (whose
 # runs release the GIL while the device works), go to the inference threads.
 INLINE_PREDICT_FEATURES = 32 * 1024
 # CPU work of a codec runs on the event loop when it is this small (tens of microseconds), else on the

@@ -41,7 +41,7 @@ def serve(app: FastAPI, repository: Repository) -> None:
     )
     app.state.dataplane.repository = repository
     # The application and its models live on: keep them out of the garbage collector's full passes, which
-    # otherwise walk every object at each one (tens of ms of stalled event loop: the p99 latency under load).
+    # otherwise walk every object at each one (a stalled event loop: the p99 latency under load).
     # Frozen objects are still freed by reference counting when a reload drops them.
     _free_memory()
     gc.freeze()

@@ -14,11 +14,11 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="DBF_")
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
-    workers: int = Field(default=1, ge=1)
-    model_dir: Path = Path("models")
-    default_model: str = "handwritten"
+    host: str = Field(default="127.0.0.1", description="address to listen on (0.0.0.0: every interface)")
+    port: int = Field(default=8000, ge=0, le=65535, description="HTTP port")
+    workers: int = Field(default=1, ge=1, description="uvicorn worker processes (metrics add up across them)")
+    model_dir: Path = Field(default=Path("models"), description="the model repository: one folder per model")
+    default_model: str = Field(default="handwritten", description="the model POST /predict asks")
     max_samples: int = Field(default=1024, ge=1, description="samples per request; more is a 413")
     # Numbers in one answer: samples x one sample's (its model's classes and views make them, by the output
     # registry: service/outputs.py). Checked before any head runs, it bounds a request's memory and time
@@ -39,7 +39,7 @@ class Settings(BaseSettings):
     )
     # Bytes of request bodies buffered at once, across requests (declared lengths reserved up front,
     # decompressed bytes counted too); beyond it, 503 overloaded with Retry-After. With bodies of at most
-    # DBF_MAX_BODY_BYTES, the default keeps concurrent big uploads within a 1 GiB pod (README: production).
+    # DBF_MAX_BODY_BYTES, the default keeps concurrent big uploads within a 1 GiB pod (docs: limits).
     body_memory_bytes: int = Field(
         default=128 * 1024 * 1024, ge=1, description="request body bytes buffered at once, all requests"
     )
@@ -53,11 +53,11 @@ class Settings(BaseSettings):
     max_in_flight: int = Field(default=64, ge=1, description="concurrent predict requests; more is a 503")
     retry_after_seconds: int = Field(default=1, ge=0, description="Retry-After of a load-shedding 503")
     # Micro-batching (service/batching.py): concurrent requests for the same model and fusion run together.
-    batching: bool = True
-    batch_max_samples: int = Field(default=256, ge=1)
+    batching: bool = Field(default=True, description="micro-batch concurrent small requests")
+    batch_max_samples: int = Field(default=256, ge=1, description="samples in one micro-batch, at most")
     batch_max_delay_ms: float = Field(default=0.0, ge=0, description="a batch's longest wait for more")
     # Hot reload: POST /v1/admin/reload, or a poll of the model directory every this many seconds (0: off).
-    reload_poll_seconds: float = Field(default=0.0, ge=0)
+    reload_poll_seconds: float = Field(default=0.0, ge=0, description="seconds between polls (0: off)")
     # A reload not done by then is refused (409) and its load abandoned: a file that blocks on read (a hung
     # network mount) cannot hold the reload lock, or the shutdown, for ever.
     reload_timeout_seconds: float = Field(default=120.0, gt=0, description="a reload's longest time")
@@ -74,9 +74,11 @@ class Settings(BaseSettings):
     # a batch runs its views one after another (in one inference thread, or on the event loop when small),
     # and concurrency comes from running batches in parallel (inference_threads), so per-session pools would
     # only oversubscribe the cores.
-    onnx_threads: int = Field(default=1, ge=1)
-    inference_threads: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
-    log_level: str = "info"
+    onnx_threads: int = Field(default=1, ge=1, description="threads of each view's onnxruntime session")
+    inference_threads: int = Field(
+        default_factory=lambda: os.cpu_count() or 1, ge=1, description="batches run at once (the cores)"
+    )
+    log_level: str = Field(default="info", description="debug, info, warning or error")
     graceful_shutdown_seconds: float = Field(
         default=30.0, gt=0, description="in-flight requests' time to finish"
     )

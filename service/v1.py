@@ -107,7 +107,7 @@ def _parse_fast(body: bytes, signature: ModelSignature, max_samples: int) -> Inf
     with np.errstate(over="ignore"):  # beyond float32: infinity, found below
         values = values.astype(np.float32)
     # Beyond float32 a value becomes infinity. The sum is not finite if a value is not, or (rarely) if finite
-    # ones overflow float32: either way the strict parser decides. A float64 sum costs 4x more here.
+    # ones overflow float32: either way the strict parser decides. A float64 sum would cost more.
     with np.errstate(over="ignore", invalid="ignore"):
         total = np.add.reduce(values)
     if not math.isfinite(total):

@@ -45,7 +45,7 @@ _DECODER = msgspec.json.Decoder(InferRequest)
 _FLAT = msgspec.json.Decoder(list[float])  # the usual JSON tensor: flat, as tritonclient and kserve send it
 _NESTED = msgspec.json.Decoder(list[list[float]])  # nested as its [N, dim] shape
 # From this size a JSON body is read by simdjson (_read_fast): below it, its setup and the Python around it
-# cost more than the Python floats it saves (one HandWritten sample, 13 KB: 129 us against 117 us).
+# cost more than the Python floats it saves (one HandWritten sample, 13 KB, is below it).
 _FAST_READ_BYTES = 16 * 1024
 
 
@@ -383,7 +383,7 @@ def _json_data(raw: msgspec.Raw, rows: int, dim: int, where: str) -> np.ndarray:
         raise InvalidInput(_malformed(rows * dim, where)) from None
     if len(values) != rows * dim:
         raise InvalidInput(_malformed(rows * dim, where))
-    # fromiter: 15-20% faster than np.array on a flat list
+    # fromiter: faster than np.array on a flat list (no intermediate object array)
     return np.fromiter(values, np.float32, count=rows * dim).reshape(rows, dim)
 
 

@@ -356,8 +356,8 @@ def main(argv: list[str] | None = None) -> int:
         "dataset's name) and write it, with its model card, as a model repository entry",
         description="Fit one evidential head per view with DBF, calibrate the high-conflict flag, and write "
         "OUT (per-view ONNX, manifest.json, card.md and its figures); OUT must be absent or a model "
-        "directory, and is replaced only once all of it is written. Formats: see the README's 'Your data, "
-        "your model'.",
+        "directory, and is replaced only once all of it is written. Formats: see the docs, "
+        "docs/data/formats.md.",
     )
     own.add_argument(
         "--data",

@@ -8,8 +8,8 @@ that sees all views at once.
   strength of :data:`REGULARISATION` gives the lowest log loss on the validation split, fitted by L-BFGS on at
   most :data:`BASELINE_ROWS` training samples (a seeded draw beyond that, so that time and memory stay bounded
   whatever the data). It is what a team would try first and what the issue's comparison used; the same
-  evidential training on concatenated features would cost about as much as the heads' own (HandWritten: 49 s
-  against 71 s, on a busy machine) where this takes 2-5 s.
+  evidential training on concatenated features would cost about as much as the heads' own, where this takes
+  a few seconds (docs/benchmarks.md).
 
 :meth:`Comparison.warnings` says when the fused model is below its best view by more than
 :data:`BEST_VIEW_MARGIN`, or below the plain model by more than :data:`BASELINE_MARGIN`, and what to try.
@@ -158,7 +158,7 @@ def _side_by_side(samples: Samples, start: int = 0, stop: int | None = None) -> 
 def _fit_softmax(x: torch.Tensor, y: torch.Tensor, *, l2: float, start: nn.Linear) -> nn.Linear:
     """A linear layer whose softmax minimises the mean log loss plus ``l2 / 2`` times the squared weights
     (not the bias), by L-BFGS from ``start``'s weights. In torch, on fit's one thread: numpy's BLAS threads
-    on a busy machine made a 420-sample fit take 56 s instead of 1."""
+    on a busy machine made a small fit's baseline take most of the fit's time."""
     layer = nn.Linear(*start.weight.shape[::-1])
     layer.load_state_dict(start.state_dict())
     optimizer = torch.optim.LBFGS(layer.parameters(), max_iter=500, line_search_fn="strong_wolfe")

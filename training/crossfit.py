@@ -65,9 +65,8 @@ __all__ = [
 CROSS_FIT_BELOW = 300
 """Clean validation samples below which the calibrations are cross-fitted. From 300 up, a threshold for a 5%
 flag rests on 15 expected flags and flags 2.8% to 7.7% of new clean samples 19 times in 20 (the Beta law of
-a quantile's rate). Cross-fitting costs about 1.6x the served model's training (5 models stacked): at 2,900
-samples (three views of 1024, 300 and 64 features, all 1000 epochs) the fit took 94 s, below the 120 s of a
-10,000-sample fit, where at 4,900 it took 155 s."""
+a quantile's rate). Cross-fitting costs more than the served model's training (5 models stacked), yet at
+this threshold a fit stays shorter than one of a larger data set that needs none (docs/benchmarks.md)."""
 
 FOLDS = 5
 """Fold models: each trains on 4/5 of the non-test samples (64% of the data; the served model on 70%)."""

@@ -256,8 +256,8 @@ def _configure_worker() -> None:
     """One torch thread per process, and glibc's malloc told to keep freed memory.
 
     A training step allocates and frees megabyte-sized temporaries; by default glibc hands them back to the
-    kernel and every new one page-faults in again, which on this kind of VM made elementwise ops 5-10x
-    slower than on reused memory (a step of PIE: 82 -> 56 ms).
+    kernel and every new one page-faults in again, which on this kind of VM made elementwise ops several
+    times slower than on reused memory (docs/benchmarks.md).
     """
     import torch
 

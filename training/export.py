@@ -57,8 +57,9 @@ def head_to_onnx(head: ViewHead, minimum: np.ndarray, maximum: np.ndarray, *, vi
     each feature's distance outside its training range in units of that range's span (0 for a sample inside
     the range; constant features never count). The root mean square rather than the largest distance: in
     wide views of heavy-tailed features (CUB's image embedding) a clean test sample can have one feature
-    farther out than any feature of the README's nonsense example, several of whose features lie below
-    anything seen; the mean over the features tells the two apart (the README has the figures).
+    farther out than any feature of the docs' nonsense example (docs/api/v1.md), several of whose features
+    lie below anything seen; the mean over the features tells the two apart (docs/operations/limits.md has
+    the figures).
     """
     import onnx
     from onnx import TensorProto, helper, numpy_helper

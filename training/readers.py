@@ -49,9 +49,8 @@ __all__ = [
     "read_registered",
 ]
 
-# float32 bytes converted and checked at a time. Small batches keep reading's transient memory small:
-# 200,000 x 1024 floats from Parquet read with 62 MB above the data at 4 MiB a batch, 333 MB at 32 MiB (and
-# 20% faster).
+# float32 bytes converted and checked at a time. Small batches keep reading's transient memory small, for a
+# little more time than bigger ones (the figures: docs/benchmarks.md, "Fitting").
 _CHUNK_BYTES = 1 << 22
 
 

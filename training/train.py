@@ -267,7 +267,7 @@ class _Batches:
     """The members' training data as stacked tensors, and each epoch's shuffled batches of it.
 
     Member m shuffles its rows with its own generator (seeded with ``seeds[m]``); the members' rows sit side
-    by side in one flat tensor per view, so a batch is one ``index_select`` (2x faster than advanced
+    by side in one flat tensor per view, so a batch is one ``index_select`` (faster than advanced
     indexing).
     """
 
@@ -514,9 +514,8 @@ class _StackedLinear(nn.Module):
     """M linear layers applied to M inputs at once: ``(M, N, in) -> (M, N, out)``.
 
     Weights are stored ``(M, out, in)`` as in :class:`torch.nn.Linear`, and the weight gradient is computed
-    as ``grad^T @ x`` (:class:`_BatchedLinear`): MKL's batched GEMM is 2x (forward) and 8x (weight
-    gradient) faster in that layout than in the one autograd picks for ``baddbmm`` (M=10, N=200, in=1024,
-    out=10: 2.3 vs 4.8 ms and 1.4 vs 11.7 ms on one core).
+    as ``grad^T @ x`` (:class:`_BatchedLinear`): MKL's batched GEMM is faster in that layout, forward and
+    for the weight gradient, than in the one autograd picks for ``baddbmm`` (docs/benchmarks.md).
     """
 
     def __init__(self, layers: Sequence[nn.Linear]) -> None:

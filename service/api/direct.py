@@ -1,10 +1,10 @@
 """The inference routes, served directly: declared in FastAPI like every route (so they are documented in its
 OpenAPI schema from their declaration), answered ahead of its middleware and router.
 
-A one-sample ``POST /predict`` cost the server about 0.7 ms of CPU here. FastAPI's way to an endpoint (its
-middleware stack: server errors, telemetry, body limit, exceptions, exit stacks; its router; its request
-handler) took a sixth to a quarter of it on a served request: bypassing it raised one-sample throughput by
-14-35% (``python -m benchmarks.service --paired``, three runs). So an inference route is a
+FastAPI's way to an endpoint (its middleware stack: server errors, telemetry, body limit, exceptions, exit
+stacks; its router; its request handler) is a sizeable share of a one-sample ``POST /predict``'s CPU, so
+bypassing it raises one-sample throughput (measured by ``python -m benchmarks.service --paired``; the figures
+are in the docs' benchmarks page). So an inference route is a
 :class:`DirectRoute` (its endpoint takes the request and returns the :class:`Response` itself: nothing to
 solve, validate or serialize), and :class:`DirectRoutes`, in front of the FastAPI app, answers the requests
 that match one; every other request goes on to the app. What the bypassed stack gave these routes is here or
