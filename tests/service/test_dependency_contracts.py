@@ -22,12 +22,13 @@ from typing import Any
 
 import httptools
 import prometheus_client
+import pytest
 import uvicorn
 from prometheus_client import CollectorRegistry, Histogram
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
-from uvicorn.supervisors import Multiprocess
+from uvicorn.supervisors import Multiprocess, multiprocess
 
 from service import server
 from tests.service.conftest import free_port
@@ -102,14 +103,23 @@ def test_uvicorn_supervisor_that_worker_supervisor_extends():
     assert isinstance(supervisor.processes, list), broken(
         UVICORN, "Multiprocess.processes is not a list", user
     )
-    # One connection book per server, found by its state (a WeakKeyDictionary key).
-    weakref.ref(ServerState())
+    assert isinstance(getattr(multiprocess.Process, "pid", None), property), broken(
+        UVICORN, "a Multiprocess worker (Process) has no pid", user
+    )
+
+
+def test_uvicorn_server_state_keys_the_connection_books():
+    """GuardedHttpProtocol keeps one connection book per server, keyed weakly by the server's state."""
+    try:
+        weakref.ref(ServerState())
+    except TypeError:
+        pytest.fail(broken(UVICORN, "ServerState cannot be weakly referenced", "GuardedHttpProtocol"))
 
 
 class Recorder(HttpToolsProtocol):
     """uvicorn's protocol, noting what GuardedHttpProtocol reads at each of the hooks it overrides."""
 
-    seen: list[tuple[str, str, Any]]
+    seen: list[tuple[str, str, bool]]
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -134,6 +144,7 @@ class Recorder(HttpToolsProtocol):
         self.note("on_headers_complete", "cycle.keep_alive", cycle.keep_alive is True)
         self.note("on_headers_complete", "cycle.response_complete", cycle.response_complete is False)
         self.note("on_headers_complete", "cycle.more_body", cycle.more_body is True)
+        cycle.keep_alive = False  # as GuardedHttpProtocol does for an Upgrade request: answer, then close
 
     def on_response_complete(self) -> None:
         self.note("on_response_complete", "cycle.response_complete", self.cycle.response_complete is True)
@@ -157,7 +168,7 @@ async def _ok(scope: dict, receive: Any, send: Any) -> None:
 
 def test_uvicorn_protocol_attributes_that_guarded_protocol_reads():
     """A request through uvicorn's own server, with what GuardedHttpProtocol reads noted at each hook."""
-    seen: list[tuple[str, str, Any]] = []
+    seen: list[tuple[str, str, bool]] = []
     port = free_port()
 
     async def one_request() -> bytes:
@@ -170,13 +181,26 @@ def test_uvicorn_protocol_attributes_that_guarded_protocol_reads():
             await asyncio.sleep(0.01)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"POST /contract?x=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nX-A: b\r\n\r\nhi")
-        answer = await reader.readuntil(b"ok")
+        try:  # all of it: the connection closes after the answer
+            answer = await asyncio.wait_for(reader.read(), timeout=30)
+        except TimeoutError:
+            pytest.fail(
+                broken(
+                    UVICORN, "a connection whose cycle is not kept alive stays open", "GuardedHttpProtocol"
+                )
+            )
         writer.close()
         served.should_exit = True
         await task
         return answer
 
-    assert asyncio.run(one_request()).startswith(b"HTTP/1.1 200")
+    answer = asyncio.run(one_request())
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"\r\n\r\nok"), answer
+    assert b"\r\nconnection: close\r\n" in answer.lower(), broken(
+        UVICORN,
+        "an answer after the protocol set cycle.keep_alive to False does not say Connection: close",
+        "GuardedHttpProtocol (answering an Upgrade request as plain HTTP, then closing)",
+    )
     hooks = {(hook, attribute) for hook, attribute, _ in seen}
     expected = {
         ("connection_made", "transport"),
