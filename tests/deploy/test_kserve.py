@@ -16,6 +16,7 @@ import kubernetes_validate
 import pydantic
 import pytest
 import yaml
+from kserve.model_repository import MODEL_MOUNT_DIRS
 
 from manifest import Manifest
 from service.api import routes
@@ -26,9 +27,8 @@ from tests.deploy.test_k8s import KUBERNETES_VERSIONS, base_objects, kustomize_c
 
 KSERVE = DEPLOY / "kserve"
 IMAGE = dockerfile.stages(REPO / "Dockerfile")["cpu"]
-# KServe's names (its Go constants; the Python SDK has none of them).
+# KServe's names that its Python SDK lacks (Go constants of its controller).
 CONTAINER = "kserve-container"  # the container a predictor's settings are merged into
-MODEL_DIR = "/mnt/models"  # where the storage initializer puts what storageUri names
 PROTOCOLS = {"v1", "v2", "grpc-v1", "grpc-v2"}
 DEFAULT_GRACE_SECONDS = 30  # Kubernetes' terminationGracePeriodSeconds, which a runtime cannot set
 
@@ -204,7 +204,7 @@ def test_raw_deployment_with_both_ports():
 def test_runtime_serves_what_kserve_downloads_and_stops_in_time():
     container = runtime_container()
     env = {e["name"]: e["value"] for e in container["env"]}
-    assert env["DBF_MODEL_DIR"] == MODEL_DIR
+    assert env["DBF_MODEL_DIR"] == MODEL_MOUNT_DIRS  # where the storage initializer puts the models
     assert env["DBF_HOST"] == "0.0.0.0"
     storage = objects()["InferenceService"]["spec"]["predictor"]["model"]["storageUri"]
     assert re.match(r"(pvc|gs|s3|https|oci)://", storage), storage
