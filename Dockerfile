@@ -45,10 +45,13 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     DBF_HOST=0.0.0.0 \
     DBF_PORT=8000 \
+    DBF_GRPC_PORT=8081 \
     DBF_MODEL_DIR=/app/models \
     DBF_GRACEFUL_SHUTDOWN_SECONDS=30
 USER 10001:10001
-EXPOSE 8000
+# HTTP (REST: v1 and the Open Inference Protocol) and gRPC (the Open Inference Protocol, grpc.health.v1);
+# DBF_GRPC_PORT=0 turns gRPC off.
+EXPOSE 8000 8081
 # No curl in slim images: Python asks /ready (503, or no answer, is a failure).
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/ready' % os.environ.get('DBF_PORT', '8000'), timeout=4)"]
@@ -96,11 +99,12 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     DBF_HOST=0.0.0.0 \
     DBF_PORT=8000 \
+    DBF_GRPC_PORT=8081 \
     DBF_MODEL_DIR=/app/models \
     DBF_GRACEFUL_SHUTDOWN_SECONDS=30 \
     DBF_REQUIRE_GPU=true
 USER 10001:10001
-EXPOSE 8000
+EXPOSE 8000 8081
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/ready' % os.environ.get('DBF_PORT', '8000'), timeout=4)"]
 ENTRYPOINT ["python", "-m", "service"]

@@ -184,9 +184,12 @@ def observe_many(histograms: Sequence[Histogram], values: Sequence[np.ndarray]) 
 
     prometheus-client has no bulk observe; this does what ``Histogram.observe`` does (non-cumulative bucket
     counts, cumulated at exposition, and the sum; NaN counts in no bucket) through the same value objects,
-    so it works in multiprocess mode too. tests/service/test_metrics.py checks it against ``observe``. (A
+    so it works in multiprocess mode too. tests/service/test_metrics.py checks it against ``observe``. Those
+    objects (``_upper_bounds``, ``_buckets``, ``_sum``) are not public API: pyproject.toml bounds
+    prometheus-client to the releases whose histograms tests/service/test_dependency_contracts.py checks. (A
     prediction's ten histograms in one pass cost about half of a pass each at the batch sizes the service
-    forms under load, 10-20 samples; a one-sample batch costs a little more than ``observe`` one by one.)
+    forms under load, 10-20 samples; a one-sample batch costs a little more than ``observe`` one by one,
+    and ``observe`` falls further behind as batches grow.)
     """
     bounds = np.asarray(histograms[0]._upper_bounds)
     width = bounds.size + 1  # the last: NaN, which observe() counts in no bucket

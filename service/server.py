@@ -66,6 +66,9 @@ from service.api.errors import error_response
 from service.api.routes import DIRECT
 from service.settings import Settings
 
+# uvicorn's HttpToolsProtocol and Multiprocess, subclassed here, are not public API: pyproject.toml bounds
+# uvicorn to the releases whose attributes and hooks tests/service/test_dependency_contracts.py checks.
+
 log = logging.getLogger("dbf.server")
 
 # File descriptors a worker needs besides its connections: listening socket, event loop, log files, model

@@ -1,4 +1,4 @@
-"""Helpers for the deployment tests: paths, external tools, YAML, free ports, processes to stop."""
+"""Helpers for the deployment tests: paths, external tools, YAML, processes to stop, gRPC health."""
 
 from __future__ import annotations
 
@@ -66,3 +66,25 @@ def stop(process: subprocess.Popen, timeout: float = 15) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def require_grpc_front_end(has_grpc_port: bool) -> None:
+    """Skip the test, with the reason, unless the service (``has_grpc_port``: ``DBF_GRPC_PORT`` is one of its
+    settings) has its gRPC front end; nothing turns the test on but that front end's arrival."""
+    if not has_grpc_port:
+        pytest.skip(
+            "the service has no gRPC front end yet (DBF_GRPC_PORT is not a setting of service/settings.py): "
+            "this check runs once it has"
+        )
+
+
+def grpc_health(port: int, timeout: float = 5) -> str:
+    """The ``grpc.health.v1`` status of the whole server (service ``""``, what Kubernetes' gRPC probe asks)
+    on a loopback ``port``: ``SERVING``, ``NOT_SERVING``..."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        check = health_pb2_grpc.HealthStub(channel).Check
+        answer = check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)

@@ -20,13 +20,16 @@ from pathlib import Path
 import httpx
 import pytest
 
+from service.settings import Settings
 from tests.deploy import dockerfile
 from tests.deploy.conftest import (
     ALERTS,
     DEPLOY,
     PROMETHEUS_CONFIG,
     REPO,
+    grpc_health,
     load_yaml,
+    require_grpc_front_end,
     run_tool,
     stop,
     unavailable,
@@ -64,9 +67,9 @@ def container_paths(stage: dockerfile.Stage) -> dict[str, Path]:
     return out
 
 
-def mapped_env(stage: dockerfile.Stage, port: int) -> dict[str, str]:
+def mapped_env(stage: dockerfile.Stage, port: int, grpc_port: int) -> dict[str, str]:
     """The image's environment for running here: its paths mapped onto the repository, listening on loopback
-    (not the image's 0.0.0.0) on ``port``."""
+    (not the image's 0.0.0.0) on ``port``, and for gRPC on ``grpc_port``."""
     paths = container_paths(stage)
     env = {}
     for key, value in stage.env().items():
@@ -76,7 +79,8 @@ def mapped_env(stage: dockerfile.Stage, port: int) -> dict[str, str]:
             if value == inside or value.startswith(inside + "/"):
                 value = str(outside) + value[len(inside) :]
         env[key] = value
-    return {**os.environ, **env, "DBF_HOST": "127.0.0.1", "DBF_PORT": str(port)}
+    ports = {"DBF_PORT": str(port), "DBF_GRPC_PORT": str(grpc_port)}
+    return {**os.environ, **env, "DBF_HOST": "127.0.0.1", **ports}
 
 
 def here(command: list[str]) -> list[str]:
@@ -247,7 +251,8 @@ def test_runtime_stages_are_alike_and_safe():
         assert user and re.fullmatch(r"\d+:\d+", user) and not user.startswith("0:"), user
         assert stage.exec_form("ENTRYPOINT") == ["python", "-m", "service"]
         assert stage.exec_form("CMD") is None  # `docker run IMAGE --workers 4` passes options on
-        assert stage.last("EXPOSE") == stage.env()["DBF_PORT"]
+        # HTTP and gRPC, the ports the service listens on.
+        assert stage.last("EXPOSE").split() == [stage.env()["DBF_PORT"], stage.env()["DBF_GRPC_PORT"]]
         # HOME is the user's home, made by useradd (onnxruntime and others look there).
         (home,) = [
             re.search(r"--home-dir (\S+) --create-home", args).group(1)
@@ -268,28 +273,11 @@ def test_the_image_command_serves_and_shuts_down_gracefully(tmp_path):
     cleanly with status 0."""
     stage = BY_NAME["cpu"]
     port = free_port()
-    env = mapped_env(stage, port)
+    env = mapped_env(stage, port, free_port())
     assert env["DBF_MODEL_DIR"] == str(REPO / "models")
-    _, health = stage.healthcheck()
-
-    def healthy() -> bool:
-        return subprocess.run(here(health), env=env, capture_output=True, timeout=30).returncode == 0
-
-    assert not healthy()  # nothing listens yet
-    workdir = tmp_path / "app"  # the image's WORKDIR holds only the models
-    workdir.mkdir()
-    (workdir / "models").symlink_to(REPO / "models")
-    log = tmp_path / "service.log"
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            here(stage.exec_form("ENTRYPOINT")), cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT
-        )
+    assert not healthy(stage, env)  # nothing listens yet
+    process, log = start_image_command(stage, env, tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while not healthy():
-            assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, f"the healthcheck never passed:\n{log.read_text()}"
-            time.sleep(0.2)
         ready = httpx.get(f"http://127.0.0.1:{port}/ready").json()
         assert ready["status"] == "ready" and "handwritten" in ready["models"]
         process.send_signal(signal.SIGTERM)
@@ -297,7 +285,49 @@ def test_the_image_command_serves_and_shuts_down_gracefully(tmp_path):
         assert "Finished server process" in log.read_text()
     finally:
         stop(process)
-    assert not healthy()
+    assert not healthy(stage, env)
+
+
+def test_the_image_command_answers_grpc_health(tmp_path):
+    """The CPU image's command serves gRPC on the port the image exposes beside HTTP (DBF_GRPC_PORT), with
+    grpc.health.v1 SERVING once ready: what Kubernetes' gRPC probe (deploy/k8s, deploy/kserve) asks."""
+    require_grpc_front_end("grpc_port" in Settings.model_fields)
+    stage = BY_NAME["cpu"]
+    grpc_port = free_port()
+    env = mapped_env(stage, free_port(), grpc_port)
+    process, _ = start_image_command(stage, env, tmp_path)
+    try:
+        assert grpc_health(grpc_port) == "SERVING"
+    finally:
+        stop(process)
+
+
+def healthy(stage: dockerfile.Stage, env: dict[str, str]) -> bool:
+    """Whether the stage's HEALTHCHECK command, run here, passes."""
+    _, health = stage.healthcheck()
+    return subprocess.run(here(health), env=env, capture_output=True, timeout=30).returncode == 0
+
+
+def start_image_command(
+    stage: dockerfile.Stage, env: dict[str, str], tmp_path: Path
+) -> tuple[subprocess.Popen, Path]:
+    """The stage's ENTRYPOINT run here with ``env`` (:func:`mapped_env`), in a WORKDIR holding only the
+    models as the image's does; returns it, and its log, once its HEALTHCHECK passes."""
+    workdir = tmp_path / "app"
+    workdir.mkdir()
+    (workdir / "models").symlink_to(REPO / "models")
+    log = tmp_path / "service.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            here(stage.exec_form("ENTRYPOINT")), cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    deadline = time.monotonic() + 60
+    while not healthy(stage, env):
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop(process)
+            pytest.fail(f"the healthcheck never passed:\n{log.read_text()}", pytrace=False)
+        time.sleep(0.2)
+    return process, log
 
 
 # --- docker compose ----------------------------------------------------------------------------------------
@@ -350,38 +380,40 @@ def test_compose_services_and_what_they_mount():
     assert compose_mounts(am)[am_config] == DEPLOY / "alertmanager" / "alertmanager.yml"
 
 
-# The port each service listens on inside its container (the image's defaults; dbf-serve's is its DBF_PORT).
+# The ports each service listens on inside its container (the images' defaults; dbf-serve's are its DBF_PORT
+# and DBF_GRPC_PORT).
 LISTENS_ON = {
-    "dbf-serve": int(BY_NAME["cpu"].env()["DBF_PORT"]),
-    "prometheus": 9090,
-    "alertmanager": 9093,
-    "grafana": 3000,
+    "dbf-serve": [int(BY_NAME["cpu"].env()["DBF_PORT"]), int(BY_NAME["cpu"].env()["DBF_GRPC_PORT"])],
+    "prometheus": [9090],
+    "alertmanager": [9093],
+    "grafana": [3000],
 }
 
 
-def host_network_listen_address(name: str, service: dict) -> str:
-    """Where a service of docker-compose.host-network.yml listens, from its own setting."""
-    if name == "dbf-serve":
-        return f"{service['environment']['DBF_HOST']}:{LISTENS_ON[name]}"
+def host_network_listen_addresses(name: str, service: dict) -> list[str]:
+    """Where a service of docker-compose.host-network.yml listens, from its own settings."""
+    if name == "dbf-serve":  # DBF_HOST for HTTP and gRPC alike
+        return [f"{service['environment']['DBF_HOST']}:{port}" for port in LISTENS_ON[name]]
     if name == "grafana":
-        return f"{service['environment']['GF_SERVER_HTTP_ADDR']}:{LISTENS_ON[name]}"
-    return flag(service["command"], "--web.listen-address")
+        return [f"{service['environment']['GF_SERVER_HTTP_ADDR']}:{port}" for port in LISTENS_ON[name]]
+    return [flag(service["command"], "--web.listen-address")]
 
 
 def test_compose_networking():
     """Two ways to network the stack, both on loopback only: docker-compose.override.yml (which `docker
-    compose up` reads by itself) publishes each service's port on 127.0.0.1; docker-compose.host-network.yml,
-    for hosts without bridge networking, puts every service on the host's network listening on 127.0.0.1 at
-    that same port, and resolves the service names the configuration uses to 127.0.0.1."""
+    compose up` reads by itself) publishes each service's ports on 127.0.0.1 (dbf-serve's HTTP and gRPC);
+    docker-compose.host-network.yml, for hosts without bridge networking, puts every service on the host's
+    network listening on 127.0.0.1 at those same ports, and resolves the service names the configuration
+    uses to 127.0.0.1."""
     base = load_yaml(COMPOSE)["services"]
     published = load_yaml(COMPOSE_PORTS)["services"]
     host = load_yaml(COMPOSE_HOST_NETWORK)["services"]
     assert set(published) == set(host) == set(base) == set(LISTENS_ON)
-    for name, port in LISTENS_ON.items():
-        assert published[name] == {"ports": [f"127.0.0.1:{port}:{port}"]}, name
+    for name, ports in LISTENS_ON.items():
+        assert published[name] == {"ports": [f"127.0.0.1:{port}:{port}" for port in ports]}, name
         service = host[name]
         assert service["network_mode"] == "host" and "ports" not in service and "networks" not in service
-        assert host_network_listen_address(name, service) == f"127.0.0.1:{port}", name
+        assert host_network_listen_addresses(name, service) == [f"127.0.0.1:{port}" for port in ports], name
         assert all(entry.endswith(":127.0.0.1") for entry in service.get("extra_hosts", [])), name
         if "command" in service:  # the main file's flags, and the listen addresses after them
             assert service["command"][: len(base[name]["command"])] == base[name]["command"], name

@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import httpx
@@ -32,7 +32,15 @@ import numpy as np
 import pytest
 
 from tests.deploy import dockerfile, standin_images
-from tests.deploy.conftest import ALERTS, PROMETHEUS_CONFIG, REPO, load_yaml, unavailable
+from tests.deploy.conftest import (
+    ALERTS,
+    PROMETHEUS_CONFIG,
+    REPO,
+    grpc_health,
+    load_yaml,
+    require_grpc_front_end,
+    unavailable,
+)
 from tests.deploy.engine import (
     Container,
     ContainerTestNote,
@@ -60,7 +68,7 @@ GRACE_SECONDS = float(STAGES["cpu"].env()["DBF_GRACEFUL_SHUTDOWN_SECONDS"])
 STOP_TIMEOUT = int(GRACE_SECONDS) + 10
 COMPOSE_PROJECT = "dbf-serve-test"
 STACK = ("dbf-serve", "prometheus", "alertmanager")  # Grafana: no image here (see above)
-PORTS = {"dbf-serve": 8000, "prometheus": 9090, "alertmanager": 9093}
+PORTS = {"dbf-serve": 8000, "dbf-serve gRPC": 8081, "prometheus": 9090, "alertmanager": 9093}
 
 
 def loopback(port: int) -> str:
@@ -106,11 +114,14 @@ def assert_same_answer(got, expected, path: str = "") -> None:
         assert got == expected, path
 
 
-def serve(name: str, *args: str, options: tuple[str, ...] = ()) -> tuple[Container, str]:
-    """The image on the host's network, listening on a free loopback port; returns it and its URL once
-    /ready answers 200."""
+def serve(
+    name: str, *args: str, options: tuple[str, ...] = (), grpc_port: int | None = None
+) -> tuple[Container, str]:
+    """The image on the host's network, listening on a free loopback port (and for gRPC on ``grpc_port``,
+    else on another free one); returns it and its URL once /ready answers 200."""
     port = free_port()
     env = ("--env", "DBF_HOST=127.0.0.1", "--env", f"DBF_PORT={port}")
+    env += ("--env", f"DBF_GRPC_PORT={grpc_port or free_port()}")
     container = run_detached(IMAGE, *args, name=name, options=(*env, *options))
 
     def ready() -> bool:
@@ -184,7 +195,7 @@ def test_cpu_target_builds_with_the_classic_builder(cpu_image: Build):
     assert config["User"] == stage.last("USER") == "10001:10001"
     assert config["Entrypoint"] == stage.exec_form("ENTRYPOINT") and config.get("Cmd") is None
     assert config["Healthcheck"]["Test"] == ["CMD", *stage.healthcheck()[1]]
-    assert config["WorkingDir"] == "/app" and list(config["ExposedPorts"]) == ["8000/tcp"]
+    assert config["WorkingDir"] == "/app" and sorted(config["ExposedPorts"]) == ["8000/tcp", "8081/tcp"]
     env = dict(item.split("=", 1) for item in config["Env"])
     assert {k: v for k, v in stage.env().items() if k != "PATH"}.items() <= env.items()
     assert env["PATH"].startswith("/opt/venv/bin:")
@@ -297,6 +308,18 @@ def test_compose_alertmanager_is_up_and_receives_from_prometheus(stack: ComposeS
     assert [a["url"] for a in active] == [f"http://{target}/api/v2/alerts"]
 
 
+def has_grpc_port(python: Callable[[str], str]) -> bool:
+    """Whether the image's service has a gRPC front end (DBF_GRPC_PORT one of its settings), asked of the
+    image's own Python: ``python`` runs code there and returns what it printed."""
+    return python("import service.settings as s; print('grpc_port' in s.Settings.model_fields)") == "True"
+
+
+def test_compose_service_answers_grpc_health(stack: ComposeStack):
+    """The stack's service answers grpc.health.v1 where the compose files put its gRPC port (loopback)."""
+    require_grpc_front_end(has_grpc_port(Container(stack.container("dbf-serve")).python))
+    assert grpc_health(PORTS["dbf-serve gRPC"]) == "SERVING"
+
+
 def test_compose_service_stops_cleanly(stack: ComposeStack):
     """`docker compose stop dbf-serve` drains and exits 0 (and starts DBFServiceDown's clock: see below)."""
     stack.stop_service()
@@ -305,11 +328,16 @@ def test_compose_service_stops_cleanly(stack: ComposeStack):
 # --- BuildKit, and what the image holds -------------------------------------------------------------------
 
 
+def run_python(image: str, code: str) -> str:
+    """What ``code`` prints, run by the image's own Python in a container of its own."""
+    done = docker("run", "--rm", "--network", "host", "--entrypoint", "python", image, "-c", code)
+    return done.stdout.strip()
+
+
 def installed(image: str) -> list[str]:
     """NAME==VERSION of every distribution in the image's Python environment."""
     code = "import importlib.metadata as m; print(*(d.name + '==' + d.version for d in m.distributions()))"
-    done = docker("run", "--rm", "--network", "host", "--entrypoint", "python", image, "-c", code)
-    return sorted(done.stdout.split())
+    return sorted(run_python(image, code).split())
 
 
 def test_cpu_target_builds_with_buildkit(cpu_image: Build):
@@ -397,6 +425,17 @@ def test_image_serves_as_the_readme_says(cpu_image: Build):
     assert took < STOP_TIMEOUT, f"docker stop took {took:.1f} s"
     logs = container.logs()
     assert "Finished server process" in logs and "[W:onnxruntime" not in logs, logs
+
+
+def test_image_answers_grpc_health(cpu_image: Build):
+    """The image serves gRPC beside HTTP, at DBF_GRPC_PORT: grpc.health.v1 SERVING once ready (Kubernetes'
+    gRPC probe of deploy/k8s and deploy/kserve)."""
+    require_grpc_front_end(has_grpc_port(lambda code: run_python(IMAGE, code)))
+    grpc_port = free_port()
+    container, _ = serve("dbf-serve-test-grpc", grpc_port=grpc_port)
+    assert grpc_health(grpc_port) == "SERVING"
+    docker("stop", container.name, timeout=120)
+    assert json.loads(container.state("ExitCode")) == 0, container.logs()
 
 
 def test_read_only_root_with_a_tmpfs_runs_two_workers(cpu_image: Build):

@@ -130,18 +130,24 @@ def test_deployment_agrees_with_its_service_image_and_autoscaler():
     assert (target["kind"], target["name"]) == ("Deployment", deployment["metadata"]["name"])
     assert "replicas" not in deployment["spec"]  # the autoscaler owns it
     assert objects["HorizontalPodAutoscaler"]["spec"]["minReplicas"] >= 2  # one replica may be drained
-    # One port, the same everywhere: container, environment, Service, scrape annotation, image.
+    # Two ports, HTTP and gRPC, each the same everywhere: container, environment, Service, image (and the
+    # scrape annotation, HTTP's).
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-    (port,) = container["ports"]
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert list(ports) == ["http", "grpc"]
     scraped = pod["metadata"]["annotations"]["prometheus.io/port"]
-    assert str(port["containerPort"]) == env["DBF_PORT"] == scraped
-    assert env["DBF_PORT"] == IMAGE.env()["DBF_PORT"]
-    assert [p["targetPort"] for p in service["spec"]["ports"]] == [port["name"]]
-    # Probes ask endpoints the service has: readiness and start-up /ready, liveness /health.
+    assert str(ports["http"]) == env["DBF_PORT"] == scraped == IMAGE.env()["DBF_PORT"]
+    assert str(ports["grpc"]) == env["DBF_GRPC_PORT"] == IMAGE.env()["DBF_GRPC_PORT"]
+    assert {p["name"]: p["targetPort"] for p in service["spec"]["ports"]} == {name: name for name in ports}
+    assert [p["port"] for p in service["spec"]["ports"]] == list(ports.values())
+    (grpc,) = [p for p in service["spec"]["ports"] if p["name"] == "grpc"]
+    assert grpc["appProtocol"] == "kubernetes.io/h2c"  # gRPC: HTTP/2 in clear text
+    # Probes ask endpoints the service has: readiness and start-up /ready, liveness gRPC's health service
+    # (grpc.health.v1 for the whole server, on the gRPC port).
     paths = {route.path for route in probes.router.routes}
     assert container["readinessProbe"]["httpGet"]["path"] == "/ready" in paths
     assert container["startupProbe"]["httpGet"]["path"] == "/ready"
-    assert container["livenessProbe"]["httpGet"]["path"] == "/health" in paths
+    assert container["livenessProbe"]["grpc"] == {"port": ports["grpc"]}  # service "": the whole server
     # Shutdown: the grace period outlasts the preStop pause and the service's own drain.
     pause = float(container["lifecycle"]["preStop"]["exec"]["command"][1])
     drain = float(env["DBF_GRACEFUL_SHUTDOWN_SECONDS"])
