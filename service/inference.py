@@ -3,8 +3,10 @@ arrays. numpy only, so that codecs and clients can use these without the server'
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +32,8 @@ class ModelSignature:
     # a request that names none, and the most its calibration set supports.
     default_coverage: float | None = None
     max_coverage: float | None = None
+    # Where its heads run, by batch size (service.placement.Placement.describe): shown, not compared.
+    placement: Mapping[str, Any] | None = field(default=None, compare=False)
 
     @property
     def calibrated(self) -> bool:
