@@ -272,8 +272,9 @@ def test_concurrent_big_bodies_stay_within_the_pods_memory():
     n = (8 << 20) // (len(json.dumps(sample)) + 2)  # as many samples as fit in 8 MiB
     body = json.dumps({"samples": [sample] * n}).encode()
     assert (7 << 20) < len(body) <= (8 << 20)
+    env = {"DBF_MAX_BODY_BYTES": str(8 << 20)}  # unset, it would grow with the model (body_limit)
     with _pod_memory(limit) as group:
-        with service_process("--model-dir", str(HANDWRITTEN), cgroup=group) as (url, proc):
+        with service_process("--model-dir", str(HANDWRITTEN), env=env, cgroup=group) as (url, proc):
             with probing(url, "64 concurrent 8 MiB bodies"):
                 statuses = asyncio.run(_burst(url, body, {"content-type": "application/json"}, 64))
             peak = _memory(proc.pid, "VmHWM")
@@ -296,7 +297,8 @@ def test_concurrent_compression_bombs_stay_within_the_body_budget():
     bomb = gzip.compress(b" " * (9 << 20))
     assert len(bomb) < 10_000
     headers = {"content-type": "application/json", "content-encoding": "gzip"}
-    env = {"DBF_BODY_MEMORY_BYTES": str(budget)}
+    # Set: unset, the limit would take 1024 HandWritten samples as JSON (service.repository.body_limit).
+    env = {"DBF_BODY_MEMORY_BYTES": str(budget), "DBF_MAX_BODY_BYTES": str(8 << 20)}
     with _pod_memory(pod) as group:
         with service_process("--model-dir", str(HANDWRITTEN), env=env, cgroup=group) as (url, proc):
             assert asyncio.run(_burst(url, bomb, headers, 1)) == [413]  # warm: the codec thread, its arena
