@@ -3,10 +3,8 @@ arrays. numpy only, so that codecs and clients can use these without the server'
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from functools import cached_property
-from typing import Any
 
 import numpy as np
 
@@ -32,8 +30,8 @@ class ModelSignature:
     # a request that names none, and the most its calibration set supports.
     default_coverage: float | None = None
     max_coverage: float | None = None
-    # Where its heads run, by batch size (service.placement.Placement.describe): shown, not compared.
-    placement: Mapping[str, Any] | None = field(default=None, compare=False)
+    # Where its heads run, by batch size, in words (service.placement.Placement): shown, not compared.
+    placement: str | None = field(default=None, compare=False)
 
     @property
     def calibrated(self) -> bool:

@@ -238,4 +238,9 @@ def page_locked_allocator() -> Callable[[tuple[int, ...]], np.ndarray] | None:
         memory = (ctypes.c_float * math.prod(shape)).from_address(value.data_ptr())
         return np.ctypeslib.as_array(memory).reshape(shape)
 
+    try:
+        allocate((1, 1))  # at load, not at a request's first run: an allocator that fails is not used
+    except Exception as error:  # onnxruntime raises its own exception types
+        log.warning("page-locked host buffers unavailable (%s): using ordinary ones", error)
+        return None
     return allocate

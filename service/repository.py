@@ -82,7 +82,7 @@ class LoadedModel:
             methods=METHODS,
             default_coverage=None if self.calibration is None else self.calibration.default_coverage,
             max_coverage=None if self.calibration is None else self.calibration.max_coverage,
-            placement=self.placement.describe(),
+            placement=str(self.placement),
         )
 
     def heads_for(self, samples: int) -> dict[str, Head]:

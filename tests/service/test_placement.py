@@ -156,7 +156,8 @@ def test_forced_to_the_cpu_the_placement_is_shown_in_the_api_and_the_metrics():
         }
         assert described["placement"] == placement
         assert set(described["providers"].values()) == {CPU}
-        assert httpx.get(url + "/v2/models/handwritten").json()["parameters"]["placement"] == placement
+        in_words = "every batch on CPUExecutionProvider (DBF_DEVICE=cpu)"
+        assert httpx.get(url + "/v2/models/handwritten").json()["parameters"]["placement"] == in_words
         assert metric(url, "dbf_placement_info", model="handwritten", provider=CPU, samples="1+") == 1
         assert post(url, {"samples": [zeros_sample()]}).status_code == 200
 
