@@ -14,7 +14,7 @@ import numpy as np
 import onnxruntime
 import pytest
 
-from service import runtime
+from service import repository, runtime
 from service.__main__ import available_cores
 from service.inference import InferenceRequest
 from service.placement import CPU, CUDA, BoundHead, decide
@@ -79,17 +79,46 @@ def test_the_buckets_follow_the_timings(cuda, expected):
     assert placement.sizes() == expected
 
 
+# onnxruntime's CPU build warns of the CUDA provider asked for, and runs such sessions on the CPU.
+@pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider':UserWarning")
+def test_auto_loads_each_model_on_both_providers_and_keeps_what_its_placement_uses(monkeypatch):
+    """The load with CUDA usable (faked: this machine has none, and onnxruntime runs the "CUDA" sessions on
+    the CPU): each model's heads are timed on both providers, on the same batches, by the timing source
+    given, and kept on the providers their placement uses."""
+    monkeypatch.setattr(repository, "_cuda_usable", lambda probe, settings: True)
+    timed = []
+
+    def timer(provider, run, n):
+        run(n)  # the real heads, on a batch of n
+        timed.append((provider, n))
+        return GPU_LIKE[provider][n]
+
+    everything_on_cpu = {CPU: 1.0, CUDA: 2.0}
+    loaded = load_repository(Settings(model_dir=MODELS, default_model="scene15"), timer=timer)
+    on_cpu = load_repository(
+        Settings(model_dir=MODELS / "scene15"), timer=lambda provider, run, n: everything_on_cpu[provider]
+    ).get()
+    assert len(timed) == 2 * 4 * len(loaded.models)
+    for model in loaded.models.values():
+        assert model.placement.sizes() == [(CPU, "1-64"), (CUDA, "65+")]
+        assert set(model.heads) == {CPU, CUDA}
+        assert all(isinstance(head, BoundHead) for head in model.heads[CUDA].values())
+        assert set(model.providers.values()) == {f"{CPU},{CUDA}"} and not model.on_cpu
+    model = loaded.get()
+    for n in (1, 300):
+        assert len(runtime.predict(model, features_of(model, n))) == n
+    assert set(on_cpu.heads) == {CPU} and on_cpu.on_cpu  # CUDA's sessions, unused, are gone
+
+
+def features_of(model, n: int) -> InferenceRequest:
+    rng = np.random.default_rng(n)
+    views = {view.name: rng.random((n, view.dim), dtype=np.float32) for view in model.manifest.views}
+    return InferenceRequest(views, np.ones((n, len(views)), dtype=bool), "dbf", 1.0)
+
+
 @pytest.fixture(scope="module")
 def handwritten():
     return load_repository(Settings(model_dir=MODELS / "handwritten", device="cpu")).get()
-
-
-def features(n: int, seed: int = 0) -> InferenceRequest:
-    rng = np.random.default_rng(seed)
-    views = {
-        name: rng.random((n, len(zeros)), dtype=np.float32) for name, zeros in zeros_sample()["views"].items()
-    }
-    return InferenceRequest(views, np.ones((n, len(views)), dtype=bool), "dbf", 1.0)
 
 
 def test_the_runtime_runs_each_batch_on_the_heads_of_its_placement(handwritten):
@@ -108,7 +137,7 @@ def test_the_runtime_runs_each_batch_on_the_heads_of_its_placement(handwritten):
     placement = decide({CPU: None, CUDA: None}, fake_timer(GPU_LIKE))
     both = dataclasses.replace(handwritten, heads={CPU: on_cpu, CUDA: bound}, placement=placement)
     for n in (1, 64, 65, 300):
-        request = features(n, seed=n)
+        request = features_of(handwritten, n)
         got, expected = runtime.predict(both, request), runtime.predict(handwritten, request)
         np.testing.assert_array_equal(got.probability, expected.probability)
         np.testing.assert_array_equal(got.discount, expected.discount)
