@@ -5,7 +5,6 @@ length; set, it is the limit."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import httpx
@@ -13,9 +12,8 @@ import numpy as np
 import pytest
 
 from service import v2
-from tests.service.conftest import MODELS, serving
-from tests.service.test_operator_mistakes import with_head, with_manifest
-from tests.service.test_request_limits import linear_head
+from tests.service.conftest import serving
+from tests.service.test_request_limits import cub_with_linear_heads
 
 # The sample size of the issue's MLP benchmark model (views of 512, 1024 and 768 features): CUB's image view
 # and a text view widened to make 2,304 features a sample (9.4 MB as 1024 binary samples, over 8 MiB).
@@ -28,12 +26,7 @@ LONGEST = "-1.2345678901234567e-05"
 @pytest.fixture(scope="module")
 def wide(tmp_path_factory) -> Path:
     pytest.importorskip("onnx")
-    model = tmp_path_factory.mktemp("models") / "wide"
-    shutil.copytree(MODELS / "cub", model)
-    for view, dim in WIDE_DIMS.items():
-        with_head(model, view, linear_head(dim, 10), dim=dim)
-    with_manifest(model, lambda manifest: manifest.update(name="wide"))
-    return model
+    return cub_with_linear_heads(tmp_path_factory.mktemp("models") / "wide", WIDE_DIMS)
 
 
 def longest_json(samples: int) -> bytes:

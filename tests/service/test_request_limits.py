@@ -383,19 +383,24 @@ def linear_head(dim: int, classes: int) -> bytes:
     return onnx_head(nodes, [w], dim=dim, classes=classes)
 
 
+def cub_with_linear_heads(model: Path, dims: dict[str, int], classes: int = 10) -> Path:
+    """The CUB model copied to ``model`` (its name then ``model``'s), with linear heads of ``classes``
+    outputs on views of ``dims``."""
+    from tests.service.test_operator_mistakes import with_head, with_manifest
+
+    shutil.copytree(MODELS / "cub", model)
+    for view, dim in dims.items():
+        with_head(model, view, linear_head(dim, classes), dim=dim)
+    names = [f"class {k}" for k in range(classes)]
+    with_manifest(model, lambda manifest: manifest.update(name=model.name, classes=names))
+    return model
+
+
 @pytest.fixture(scope="module")
 def wide(tmp_path_factory) -> Path:
     """The CUB model made 'wide': heads of 10,000 classes on views of 40 and 48 features."""
     pytest.importorskip("onnx")
-    from tests.service.test_operator_mistakes import with_head, with_manifest
-
-    model = tmp_path_factory.mktemp("models") / "wide"
-    shutil.copytree(MODELS / "cub", model)
-    for view, dim in WIDE_DIMS.items():
-        with_head(model, view, linear_head(dim, WIDE_CLASSES), dim=dim)
-    classes = [f"class {k}" for k in range(WIDE_CLASSES)]
-    with_manifest(model, lambda manifest: manifest.update(name="wide", classes=classes))
-    return model
+    return cub_with_linear_heads(tmp_path_factory.mktemp("models") / "wide", WIDE_DIMS, WIDE_CLASSES)
 
 
 def wide_features(n: int) -> dict[str, np.ndarray]:
