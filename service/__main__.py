@@ -15,7 +15,7 @@ from pathlib import Path
 import uvicorn
 from pydantic import ValidationError
 
-from service.repository import ModelLoadError, load_repository
+from service.repository import ModelLoadError, handed_placements, load_repository
 from service.server import supervise, uvicorn_options
 from service.settings import Settings
 
@@ -57,10 +57,12 @@ def main(argv: list[str] | None = None) -> None:
         # uvicorn's supervisor would swallow a worker's load failure and exit 0: verify and load once here
         # first. (A single worker's failure already stops uvicorn with a non-zero status.)
         try:
-            load_repository(Settings())
+            repository = load_repository(Settings())
         except ModelLoadError as error:
             print(f"error: model repository failed to load: {error}", file=sys.stderr)
             sys.exit(1)
+        os.environ["DBF_PLACEMENT"] = handed_placements(repository)  # measured here, alone on the box
+        del repository  # its sessions go before the workers start (a CUDA context, if made, stays)
     if args.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         # Separate processes, separate counters: prometheus-client's multiprocess mode adds them up.
         try:

@@ -104,6 +104,20 @@ class Placement:
         )
         return f"{where} ({self.reason}{timed})"
 
+    def to_json(self) -> dict[str, Any]:
+        """What :meth:`from_json` reads back (a worker process's copy of its supervisor's placement)."""
+        timings = {p: {str(n): t for n, t in by_size.items()} for p, by_size in self.timings.items()}
+        return {
+            "buckets": [list(bucket) for bucket in self.buckets],
+            "reason": self.reason,
+            "timings": timings,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], reason: str) -> Placement:
+        timings = {p: {int(n): t for n, t in by_size.items()} for p, by_size in data["timings"].items()}
+        return cls(tuple((most, provider) for most, provider in data["buckets"]), reason, timings)
+
 
 def fixed(provider: str, reason: str) -> Placement:
     """Every batch on ``provider``."""

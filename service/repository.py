@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import json
 import logging
 import os
 import stat
@@ -358,6 +359,8 @@ def _load_model(
             if settings.device != "auto"
             else "the only provider that runs here",
         )
+    elif (given := _given_placement(settings, manifest, providers)) is not None:
+        placement = given
     else:
         _check_stop(stop)
         views, batches = [(view.name, view.dim) for view in manifest.views], {}
@@ -372,6 +375,39 @@ def _load_model(
         outputs,
         placement,
     )
+
+
+def handed_placements(repository: Repository) -> str:
+    """The measured placements of ``repository``'s models as ``DBF_PLACEMENT`` takes them: what ``python -m
+    service --workers N`` measures once, alone on the box, and hands to its workers, so that they neither
+    time the heads all at once (each slowing the others' timings) nor disagree."""
+    return json.dumps(
+        {
+            name: {"heads": _heads_digest(model.manifest), **model.placement.to_json()}
+            for name, model in repository.models.items()
+            if model.placement.reason == "measured"
+        }
+    )
+
+
+def _given_placement(settings: Settings, manifest: Manifest, providers: list[str]) -> Placement | None:
+    """The placement ``DBF_PLACEMENT`` hands this model, if it hands one for these very heads (not those of
+    an earlier version) on providers loaded here."""
+    if settings.placement is None:
+        return None
+    try:
+        given = json.loads(settings.placement).get(manifest.name)
+        if given is None or given["heads"] != _heads_digest(manifest):
+            return None
+        placement = Placement.from_json(given, "measured at start by the supervisor process")
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        log.warning("DBF_PLACEMENT unreadable (%s): measuring the placement of %s", error, manifest.name)
+        return None
+    return placement if set(placement.providers) <= set(providers) else None
+
+
+def _heads_digest(manifest: Manifest) -> str:
+    return hashlib.sha256("".join(view.sha256 for view in manifest.views).encode()).hexdigest()
 
 
 def _run_heads(

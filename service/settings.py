@@ -81,6 +81,9 @@ class Settings(BaseSettings):
     # can run them (CUDA where it works, the CPU) and runs each batch where its size ran fastest; cuda or
     # cpu puts every batch there (cuda refuses to start when CUDA cannot run the heads).
     device: Literal["auto", "cuda", "cpu"] = "auto"
+    # Placements measured already (service.repository.handed_placements): python -m service --workers N
+    # measures once and hands them to its workers. A model not in it, or whose heads changed, is measured.
+    placement: str | None = Field(default=None, description="placements measured already (JSON; internal)")
     # onnxruntime's CUDA provider rounds MatMul's inputs to TF32 unless told not to: off, CUDA's answers
     # differ from the CPU's by float32 rounding only (the bound is to be measured on a GPU: README, GPU).
     cuda_tf32: bool = Field(default=False, description="let the CUDA provider use TF32 in MatMul")

@@ -6,7 +6,9 @@ CPU provider."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
+import shutil
 import threading
 
 import httpx
@@ -21,6 +23,7 @@ from service.placement import CPU, CUDA, BoundHead, decide
 from service.repository import load_repository
 from service.settings import Settings
 from tests.service.conftest import MODELS, serving, start_and_fail
+from tests.service.test_operator_mistakes import with_head
 from tests.service.test_service import metric, post, zeros_sample
 
 # Seconds per batch of a model's heads: CUDA pays a fixed cost per run, the CPU one per sample.
@@ -108,6 +111,44 @@ def test_auto_loads_each_model_on_both_providers_and_keeps_what_its_placement_us
     for n in (1, 300):
         assert len(runtime.predict(model, features_of(model, n))) == n
     assert set(on_cpu.heads) == {CPU} and on_cpu.on_cpu  # CUDA's sessions, unused, are gone
+
+
+@pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider':UserWarning")
+def test_workers_take_the_placement_their_supervisor_measured(monkeypatch, tmp_path, caplog):
+    """``--workers N`` measures once and hands the placements on (DBF_PLACEMENT): a worker times nothing for
+    the heads measured, but does for a model whose heads changed since, or where the hand-over is
+    unreadable."""
+    monkeypatch.setattr(repository, "_cuda_usable", lambda probe, settings: True)
+    monkeypatch.setattr(logging.getLogger("dbf"), "propagate", True)  # to caplog, as service.app stops it
+    supervisor = load_repository(
+        Settings(model_dir=MODELS), timer=lambda provider, run, n: GPU_LIKE[provider][n]
+    )
+    handed = repository.handed_placements(supervisor)
+
+    def untimed(provider, run, n):
+        raise AssertionError("timed again")
+
+    worker = load_repository(Settings(model_dir=MODELS, placement=handed), timer=untimed)
+    for name, model in worker.models.items():
+        assert model.placement.buckets == supervisor.models[name].placement.buckets
+        assert model.placement.timings == supervisor.models[name].placement.timings
+        assert model.placement.reason == "measured at start by the supervisor process"
+    changed = tmp_path / "scene15"
+    shutil.copytree(MODELS / "scene15", changed)
+    head = pytest.importorskip("onnx").load(str(changed / "gist.onnx"))
+    head.doc_string = "the same graph in other bytes"
+    with_head(changed, "gist", head.SerializeToString())
+    timed = []
+
+    def timer(provider, run, n):
+        timed.append(n)
+        return 1.0
+
+    for given in (handed, "{not json"):
+        model = load_repository(Settings(model_dir=changed, placement=given), timer=timer).get()
+        assert model.placement.reason == "measured"
+    assert len(timed) == 2 * 2 * 4  # two loads, two providers, four sizes
+    assert "DBF_PLACEMENT unreadable" in caplog.text
 
 
 def features_of(model, n: int) -> InferenceRequest:
