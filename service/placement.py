@@ -69,12 +69,11 @@ class Placement:
     def describe(self) -> dict[str, Any]:
         """As ``/v1/models`` and the v2 model metadata show it: each provider's batch sizes (``to_samples``
         None: no end), why, and the timings (milliseconds per batch) that decided it."""
-        firsts = [1, *(most + 1 for most, _ in self.buckets[:-1])]
         return {
             "reason": self.reason,
             "batches": [
                 {"provider": provider, "from_samples": first, "to_samples": most}
-                for first, (most, provider) in zip(firsts, self.buckets, strict=True)
+                for provider, first, most in self._ranges()
             ],
             "timings_ms": {
                 provider: {str(n): round(seconds * 1000, 4) for n, seconds in sizes.items()}
@@ -84,11 +83,15 @@ class Placement:
 
     def sizes(self) -> list[tuple[str, str]]:
         """Each provider and the batch sizes it runs, as text (``1-16``, ``17+``), small batches first."""
-        firsts = [1, *(most + 1 for most, _ in self.buckets[:-1])]
         return [
             (provider, f"{first}-{most}" if most is not None else f"{first}+")
-            for first, (most, provider) in zip(firsts, self.buckets, strict=True)
+            for provider, first, most in self._ranges()
         ]
+
+    def _ranges(self) -> list[tuple[str, int, int | None]]:
+        """Each bucket's provider, smallest batch and largest (None: no end)."""
+        firsts = [1, *(most + 1 for most, _ in self.buckets[:-1])]
+        return [(provider, first, most) for first, (most, provider) in zip(firsts, self.buckets, strict=True)]
 
     def __str__(self) -> str:
         """As the log says it: where each batch size runs, why, and the timings that decided it."""
@@ -244,12 +247,11 @@ def page_locked_allocator() -> Callable[[tuple[int, ...]], np.ndarray] | None:
         info = None
     if info is None:
         return None
-    kept: list[onnxruntime.OrtValue] = []  # the values own the memory the arrays view
 
     def allocate(shape: tuple[int, ...]) -> np.ndarray:
         value = onnxruntime.OrtValue.ortvalue_from_shape_and_type(list(shape), np.float32, memory_info=info)
-        kept.append(value)
         memory = (ctypes.c_float * math.prod(shape)).from_address(value.data_ptr())
+        memory.owner = value  # the value owns the memory: it lives as long as the array (and its views)
         return np.ctypeslib.as_array(memory).reshape(shape)
 
     try:

@@ -19,7 +19,7 @@ import pytest
 from service import repository, runtime
 from service.__main__ import available_cores
 from service.inference import InferenceRequest
-from service.placement import CPU, CUDA, BoundHead, decide
+from service.placement import CPU, CUDA, BoundHead, decide, page_locked_allocator
 from service.repository import load_repository
 from service.settings import Settings
 from tests.service.conftest import MODELS, serving, start_and_fail
@@ -268,3 +268,26 @@ def test_workers_auto_takes_the_cores_this_process_may_use(tmp_path, quota, expe
 def test_workers_must_be_a_number_or_auto():
     done = start_and_fail("--model-dir", str(MODELS / "scene15"), "--workers", "all")
     assert done.returncode == 2 and "'all' is neither a number of workers (1 or more) nor auto" in done.stderr
+
+
+def test_page_locked_buffers_that_cannot_be_had_leave_ordinary_ones(monkeypatch, caplog):
+    """Where onnxruntime lists a CUDA device but cannot allocate its host memory (faked: no GPU here), the
+    allocator is refused at load, with a warning, rather than failing a request's first run."""
+    from onnxruntime.capi import _pybind_state as capi
+
+    cpu_memory = capi.OrtMemoryInfo(
+        "Cpu", capi.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, capi.OrtMemType.DEFAULT
+    )
+
+    class Device:
+        ep_name = CUDA
+
+        def memory_info(self, kind):
+            return cpu_memory  # no allocator shared for it: allocating fails
+
+    monkeypatch.setattr(onnxruntime, "get_ep_devices", lambda: [Device()])
+    monkeypatch.setattr(logging.getLogger("dbf"), "propagate", True)  # to caplog, as service.app stops it
+    assert page_locked_allocator() is None
+    assert "page-locked host buffers unavailable" in caplog.text
+    monkeypatch.setattr(onnxruntime, "get_ep_devices", lambda: [])  # no CUDA device listed
+    assert page_locked_allocator() is None
