@@ -19,7 +19,7 @@ import pytest
 from service import repository, runtime
 from service.__main__ import available_cores
 from service.inference import InferenceRequest
-from service.placement import CPU, CUDA, BoundHead, decide, page_locked_allocator
+from service.placement import CPU, CUDA, BoundHead, SessionHead, decide, page_locked_allocator
 from service.repository import load_repository
 from service.settings import Settings
 from tests.service.conftest import MODELS, serving, start_and_fail
@@ -149,6 +149,25 @@ def test_workers_take_the_placement_their_supervisor_measured(monkeypatch, tmp_p
         assert model.placement.reason == "measured"
     assert len(timed) == 2 * 2 * 4  # two loads, two providers, four sizes
     assert "DBF_PLACEMENT unreadable" in caplog.text
+
+
+@pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider':UserWarning")
+@pytest.mark.parametrize("device", [CUDA, CPU])
+def test_a_model_forced_to_a_device_runs_every_batch_there_untimed(monkeypatch, device):
+    """DBF_DEVICE=cuda or cpu where CUDA is usable (faked): every batch on that provider, its heads alone
+    loaded, nothing timed."""
+    monkeypatch.setattr(repository, "_cuda_usable", lambda probe, settings: True)
+
+    def untimed(provider, run, n):
+        raise AssertionError("timed although forced")
+
+    setting = {CUDA: "cuda", CPU: "cpu"}[device]
+    model = load_repository(Settings(model_dir=MODELS / "scene15", device=setting), timer=untimed).get()
+    assert model.placement.sizes() == [(device, "1+")] and model.placement.reason == f"DBF_DEVICE={setting}"
+    assert set(model.heads) == {device} and set(model.providers.values()) == {device}
+    kind = BoundHead if device == CUDA else SessionHead
+    assert all(isinstance(head, kind) for head in model.heads[device].values())
+    assert len(runtime.predict(model, features_of(model, 3))) == 3
 
 
 def features_of(model, n: int) -> InferenceRequest:
