@@ -302,7 +302,15 @@ def load_repository(
     default = settings.default_model if settings.default_model in models else next(iter(models))
     if default != settings.default_model:
         log.warning("default model %r not found; serving %r as the default", settings.default_model, default)
-    return Repository(models=models, default=default, max_body_bytes=body_limit(settings, models.values()))
+    max_body_bytes = body_limit(settings, models.values())
+    if max_body_bytes > settings.body_memory_bytes:
+        log.warning(
+            "bodies of up to %d bytes are taken (DBF_MAX_BODY_BYTES) but %d are held at once "
+            "(DBF_BODY_MEMORY_BYTES): the largest requests are refused, 503; raise the latter",
+            max_body_bytes,
+            settings.body_memory_bytes,
+        )
+    return Repository(models=models, default=default, max_body_bytes=max_body_bytes)
 
 
 def _providers(settings: Settings, probe: bytes) -> list[str]:

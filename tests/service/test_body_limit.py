@@ -5,6 +5,7 @@ length; set, it is the limit."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import httpx
@@ -12,6 +13,8 @@ import numpy as np
 import pytest
 
 from service import v2
+from service.repository import load_repository
+from service.settings import Settings
 from tests.service.conftest import serving
 from tests.service.test_request_limits import cub_with_linear_heads
 
@@ -73,3 +76,13 @@ def test_a_set_body_limit_wins_over_the_models(wide):
         content, headers = binary(2048)
         answer = httpx.post(url + "/v2/models/wide/infer", content=content, headers=headers, timeout=60)
         assert answer.status_code == 200, answer.text[:300]
+
+
+def test_a_body_limit_past_the_body_budget_is_said_at_load(wide, monkeypatch, caplog):
+    """Bodies the limit takes but the body budget cannot hold would be refused (503) for ever: said."""
+    monkeypatch.setattr(logging.getLogger("dbf"), "propagate", True)  # to caplog, as service.app stops it
+    repository = load_repository(Settings(model_dir=wide, body_memory_bytes=32 << 20))
+    assert repository.max_body_bytes > 32 << 20
+    assert (
+        "are taken (DBF_MAX_BODY_BYTES) but 33554432 are held at once (DBF_BODY_MEMORY_BYTES)" in caplog.text
+    )
