@@ -15,6 +15,9 @@ neighbour's drift hits both sides of each pair alike; the ratio is the median of
 their quartiles. ``--against DIR`` compares with the service of another checkout (a release before, say)
 instead of the yardstick.
 
+``--device cpu|cuda|auto`` sets where the service runs the heads (``DBF_DEVICE``); the notes say where each
+batch size ran. ``--model-dir`` takes any model: :mod:`benchmarks.mlp_model` makes one of real size.
+
 ``v2-json*`` cases send the same samples as Open Inference Protocol JSON tensors (as fast per sample as v1
 JSON is the goal); :mod:`benchmarks.peers` compares that path with MLServer's.
 
@@ -37,7 +40,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
@@ -102,6 +105,11 @@ def main() -> None:
     parser.add_argument(
         "--sweep", default="", help="batch sizes for binary v2 requests at concurrency 4 (e.g. 1,16,256,1024)"
     )
+    parser.add_argument(
+        "--device",
+        choices=["auto", "cuda", "cpu"],
+        help="the service's DBF_DEVICE (default: its own default)",
+    )
     parser.add_argument("--paired", type=int, default=0, help="pairs of alternating runs, both servers up")
     parser.add_argument(
         "--against", type=Path, help="with --paired: another checkout's service, not the yardstick"
@@ -118,6 +126,9 @@ def main() -> None:
         sys.exit("wrk not found: apt-get install wrk")
     manifest = Manifest.model_validate_json((args.model_dir / "manifest.json").read_text())
     cases = [CASES[name] for name in args.cases.split(",")]
+    if args.device:  # where the heads run (service.placement): set for every case's service
+        device = (("DBF_DEVICE", args.device),)
+        cases = [replace(case, server_env=case.server_env + device) for case in cases]
     baseline = f"the service of {args.against}" if args.against else "yardstick (bare FastAPI + pydantic)"
     if args.paired:
         print(
@@ -158,8 +169,11 @@ def main() -> None:
                             wrk_load(url + "/predict", json_path, json_headers, case, args.seconds, script)
                         )
                 with Server(["service", "--model-dir", str(args.model_dir)], dict(case.server_env)) as url:
-                    providers = httpx.get(url + "/v1/models").json()["models"][0]["providers"].values()
-                    provider = ",".join(sorted(set(providers)))
+                    placement = httpx.get(url + "/v1/models").json()["models"][0]["placement"]
+                    provider = ", ".join(
+                        f"{b['provider']} {b['from_samples']}-{b['to_samples'] or ''}"
+                        for b in placement["batches"]
+                    )
                     path = case.path.format(model=manifest.name)
                     service_runs.append(wrk_load(url + path, body, headers, case, args.seconds, script))
             baseline = median(yardstick_runs) if yardstick_runs else None

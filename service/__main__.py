@@ -1,4 +1,5 @@
-"""``python -m service --host H --port P [--workers N] [--model-dir DIR]``; defaults from ``DBF_*``."""
+"""``python -m service --host H --port P [--workers N|auto] [--model-dir DIR] [--device auto|cuda|cpu]``;
+defaults from ``DBF_*``."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import uvicorn
 from pydantic import ValidationError
 
-from service.repository import ModelLoadError, load_repository
+from service.repository import ModelLoadError, handed_placements, load_repository
 from service.server import supervise, uvicorn_options
 from service.settings import Settings
 
@@ -30,22 +31,38 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m service", description=__doc__)
     parser.add_argument("--host", default=defaults.host)
     parser.add_argument("--port", type=int, default=defaults.port)
-    parser.add_argument("--workers", type=int, default=defaults.workers)
+    parser.add_argument(
+        "--workers",
+        type=_workers,
+        default=defaults.workers,
+        help="worker processes, or auto: one per core this process may use (affinity, cgroup CPU quota)",
+    )
     parser.add_argument(
         "--model-dir", type=Path, default=defaults.model_dir, help="one model or a repository"
+    )
+    parser.add_argument(
+        "--device",
+        choices=["auto", "cuda", "cpu"],
+        default=defaults.device,
+        help="where the heads run: auto (each batch where it ran fastest at load), cuda or cpu",
     )
     parser.add_argument("--log-level", default=defaults.log_level)
     args = parser.parse_args(argv)
     # Each worker process builds the app from the environment: hand the command line's choices on.
     os.environ["DBF_MODEL_DIR"] = str(args.model_dir)
+    os.environ["DBF_DEVICE"] = args.device
+    if args.workers == "auto":
+        args.workers = available_cores()
     if args.workers > 1:
         # uvicorn's supervisor would swallow a worker's load failure and exit 0: verify and load once here
         # first. (A single worker's failure already stops uvicorn with a non-zero status.)
         try:
-            load_repository(Settings())
+            repository = load_repository(Settings())
         except ModelLoadError as error:
             print(f"error: model repository failed to load: {error}", file=sys.stderr)
             sys.exit(1)
+        os.environ["DBF_PLACEMENT"] = handed_placements(repository)  # measured here, alone on the box
+        del repository  # its sessions go before the workers start (a CUDA context, if made, stays)
     if args.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         # Separate processes, separate counters: prometheus-client's multiprocess mode adds them up.
         try:
@@ -79,6 +96,31 @@ def main(argv: list[str] | None = None) -> None:
         supervise(uvicorn.Config(**options))  # uvicorn's supervisor; it also forgets dead workers' gauges
     else:
         uvicorn.run(**options)
+
+
+def _workers(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        workers = int(text)
+    except ValueError:
+        workers = 0
+    if workers < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a number of workers (1 or more) nor auto")
+    return workers
+
+
+def available_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """The cores this process may run on: its CPU affinity, or its cgroup's CPU quota (``cpu.max``, as a
+    container's ``--cpus`` or a pod's CPU limit sets it) rounded up, if lower."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        quota, period = (cgroup / "cpu.max").read_text().split()
+    except (OSError, ValueError):  # no cgroup v2 here, or not readable
+        return cores
+    if quota == "max":
+        return cores
+    return max(1, min(cores, -(-int(quota) // int(period))))
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:

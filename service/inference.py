@@ -3,7 +3,7 @@ arrays. numpy only, so that codecs and clients can use these without the server'
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 
 import numpy as np
@@ -30,6 +30,8 @@ class ModelSignature:
     # a request that names none, and the most its calibration set supports.
     default_coverage: float | None = None
     max_coverage: float | None = None
+    # Where its heads run, by batch size, in words (service.placement.Placement): shown, not compared.
+    placement: str | None = field(default=None, compare=False)
 
     @property
     def calibrated(self) -> bool:

@@ -72,6 +72,13 @@ MODEL_INFO = Gauge(
     ["model", "view", "provider"],
     multiprocess_mode="livemax",
 )
+PLACEMENT_INFO = Gauge(
+    "dbf_placement_info",
+    "Where each model's batches run (1): the execution provider and the batch sizes it takes (DBF_DEVICE; "
+    "auto: the fastest at load).",
+    ["model", "provider", "samples"],
+    multiprocess_mode="livemax",
+)
 FLAG_CLEAN_RATE = Gauge(
     "dbf_flag_clean_rate",
     "Share of clean samples the calibrated high-conflict flag raises (the manifest's target false-positive "
@@ -115,22 +122,32 @@ def initialise(
         CONNECTIONS_SHED.labels(state)
 
 
-_DESCRIBED: set[tuple[str, str, str]] = set()  # this process's dbf_model_info series at 1
+_DESCRIBED: dict[Gauge, set[tuple[str, ...]]] = {}  # this process's info series at 1, per gauge
 
 
 def describe_models(heads: Iterable[tuple[str, str, str]]) -> None:
-    """``dbf_model_info`` 1 for each (model, view, provider) loaded now; a head loaded before but not now
-    loses its series, or, in multiprocess mode, where series live on in the worker's file, reads 0."""
-    heads = set(heads)
-    for gone in _DESCRIBED - heads:
+    """``dbf_model_info`` 1 for each (model, view, provider) loaded now."""
+    _describe(MODEL_INFO, heads)
+
+
+def describe_placements(batches: Iterable[tuple[str, str, str]]) -> None:
+    """``dbf_placement_info`` 1 for each (model, provider, batch sizes such as ``1-16`` or ``17+``) now."""
+    _describe(PLACEMENT_INFO, batches)
+
+
+def _describe(gauge: Gauge, series: Iterable[tuple[str, ...]]) -> None:
+    """``gauge`` 1 for each of ``series`` (label values); one set before but not now loses its series, or, in
+    multiprocess mode, where series live on in the worker's file, reads 0."""
+    series, described = set(series), _DESCRIBED.setdefault(gauge, set())
+    for gone in described - series:
         if _multiprocess():
-            MODEL_INFO.labels(*gone).set(0)
+            gauge.labels(*gone).set(0)
         else:
-            MODEL_INFO.remove(*gone)
-    for head in heads:
-        MODEL_INFO.labels(*head).set(1)
-    _DESCRIBED.clear()
-    _DESCRIBED.update(heads)
+            gauge.remove(*gone)
+    for labels in series:
+        gauge.labels(*labels).set(1)
+    described.clear()
+    described.update(series)
 
 
 @dataclass(frozen=True)

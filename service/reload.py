@@ -33,6 +33,9 @@ def serve(app: FastAPI, repository: Repository) -> None:
     metrics.describe_models(
         (model.name, view, provider) for model in loaded for view, provider in model.providers.items()
     )
+    metrics.describe_placements(
+        (model.name, provider, samples) for model in loaded for provider, samples in model.placement.sizes()
+    )
     metrics.initialise(
         {m.name: [v.name for v in m.manifest.views] for m in loaded},
         METHODS,

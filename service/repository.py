@@ -9,12 +9,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import json
 import logging
 import os
 import stat
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 
 import numpy as np
@@ -26,12 +28,23 @@ from fusion import METHODS
 from manifest import Manifest
 from service.inference import ModelSignature, ViewSpec
 from service.outputs import answer_values
+from service.placement import (
+    CPU,
+    CUDA,
+    BoundHead,
+    Head,
+    Placement,
+    SessionHead,
+    Timer,
+    clock,
+    decide,
+    fixed,
+    page_locked_allocator,
+)
 from service.settings import Settings
 
 log = logging.getLogger("dbf.repository")
 
-CUDA = "CUDAExecutionProvider"
-CPU = "CPUExecutionProvider"
 RANGE_EXCESS = "range_excess"
 HEAD_OUTPUTS = (["evidence"], ["evidence", RANGE_EXCESS])
 """What a head may give: evidence, and from heads exported with range checks its range excess."""
@@ -45,11 +58,12 @@ class ModelLoadError(RuntimeError):
 class LoadedModel:
     manifest: Manifest
     directory: Path
-    sessions: dict[str, onnxruntime.InferenceSession] = field(repr=False)
-    providers: dict[str, str]  # view -> the provider that really runs it
+    heads: dict[str, dict[str, Head]] = field(repr=False)  # provider -> view -> its head there
+    providers: dict[str, str]  # view -> the providers that run it (comma-separated, small batches' first)
     calibration: ModelCalibration | None = field(default=None, repr=False)  # None: manifest schema 1
     # view -> what its head gives: evidence, and range_excess unless exported before range checks existed
     outputs: dict[str, list[str]] = field(default_factory=dict, repr=False)
+    placement: Placement = field(default_factory=lambda: fixed(CPU, "not measured"))
 
     @property
     def name(self) -> str:
@@ -69,7 +83,12 @@ class LoadedModel:
             methods=METHODS,
             default_coverage=None if self.calibration is None else self.calibration.default_coverage,
             max_coverage=None if self.calibration is None else self.calibration.max_coverage,
+            placement=str(self.placement),
         )
+
+    def heads_for(self, samples: int) -> dict[str, Head]:
+        """View -> its head on the provider placed to run a batch of ``samples``."""
+        return self.heads[self.placement.provider(samples)]
 
     @cached_property
     def on_cpu(self) -> bool:
@@ -91,6 +110,7 @@ class LoadedModel:
 class Repository:
     models: dict[str, LoadedModel]
     default: str
+    max_body_bytes: int = 8 * 1024 * 1024  # the request body limit these models make (body_limit)
 
     def get(self, name: str | None = None) -> LoadedModel | None:
         return self.models.get(self.default if name is None else name)
@@ -240,11 +260,14 @@ _KINDS = {
 }
 
 
-def load_repository(settings: Settings, stop: threading.Event | None = None) -> Repository:
+def load_repository(
+    settings: Settings, stop: threading.Event | None = None, *, timer: Timer = clock
+) -> Repository:
     """Verify and load every model under ``settings.model_dir``; :class:`ModelLoadError` on any fault.
 
     ``stop`` set (the load given up: see :class:`service.reload.ModelLoads`), the load ends at its next
-    file or session, with a :class:`ModelLoadError`.
+    file or session, with a :class:`ModelLoadError`. ``timer`` times the heads on each provider where there
+    are several (:mod:`service.placement`).
     """
     # Each model read from where its folder leads now: a symlink swapped while we read cannot mix versions.
     paths = [path.parent.resolve() / path.name for path in find_manifests(settings.model_dir)]
@@ -259,30 +282,16 @@ def load_repository(settings: Settings, stop: threading.Event | None = None) -> 
     for path, manifest, _ in manifests:
         _check_size(path, manifest, settings)
     _, first_manifest, first_bytes = manifests[0]
-    use_cuda = _cuda_usable(first_bytes[first_manifest.views[0].name])
-    if settings.require_gpu and not use_cuda:
-        raise ModelLoadError(
-            "DBF_REQUIRE_GPU is set but CUDA cannot run the heads (onnxruntime fell back to CPU)"
-        )
+    providers = _providers(settings, first_bytes[first_manifest.views[0].name])
     models: dict[str, LoadedModel] = {}
     for path, manifest, verified in manifests:
         if manifest.name in models:
             raise ModelLoadError(f"{path}: model name {manifest.name!r} is used twice")
-        sessions, providers, outputs = {}, {}, {}
-        for view in manifest.views:
-            file = path.parent / view.file
-            _check_stop(stop)
-            session = _session(file, verified[view.name], settings, use_cuda)
-            outputs[view.name] = _check_signature(session, file, view.dim, len(manifest.classes))
-            _check_probe(session, file, view.dim, len(manifest.classes), outputs[view.name])
-            sessions[view.name] = session
-            providers[view.name] = session.get_providers()[0]
-        models[manifest.name] = LoadedModel(
-            manifest, path.parent, sessions, providers, _calibration(path, manifest), outputs
+        models[manifest.name] = model = _load_model(
+            path, manifest, verified, providers, settings, stop, timer
         )
-        used = ", ".join(sorted(set(providers.values())))
-        log.info("loaded model %s (%s) from %s", manifest.name, used, path.parent)
-        unchecked = [view for view, names in outputs.items() if RANGE_EXCESS not in names]
+        log.info("loaded model %s from %s: %s", manifest.name, path.parent, model.placement)
+        unchecked = [view for view, names in model.outputs.items() if RANGE_EXCESS not in names]
         if unchecked:
             log.warning(
                 "model %s: the heads of %s give no range_excess (exported before range checks): features "
@@ -293,7 +302,156 @@ def load_repository(settings: Settings, stop: threading.Event | None = None) -> 
     default = settings.default_model if settings.default_model in models else next(iter(models))
     if default != settings.default_model:
         log.warning("default model %r not found; serving %r as the default", settings.default_model, default)
-    return Repository(models=models, default=default)
+    max_body_bytes = body_limit(settings, models.values())
+    if max_body_bytes > settings.body_memory_bytes:
+        log.warning(
+            "bodies of up to %d bytes are taken (DBF_MAX_BODY_BYTES) but %d are held at once "
+            "(DBF_BODY_MEMORY_BYTES): the largest requests are refused, 503; raise the latter",
+            max_body_bytes,
+            settings.body_memory_bytes,
+        )
+    return Repository(models=models, default=default, max_body_bytes=max_body_bytes)
+
+
+def _providers(settings: Settings, probe: bytes) -> list[str]:
+    """The providers to load the heads on: the one ``DBF_DEVICE`` names, or for ``auto`` CUDA (where it
+    really runs a session) and the CPU. :class:`ModelLoadError` where CUDA is required and cannot run."""
+    if settings.device == "cpu" and not settings.require_gpu:
+        return [CPU]
+    usable = _cuda_usable(probe, settings)
+    if settings.require_gpu and not usable:
+        raise ModelLoadError(
+            "DBF_REQUIRE_GPU is set but CUDA cannot run the heads (onnxruntime fell back to CPU)"
+        )
+    if settings.device == "cuda" and not usable:
+        available = ", ".join(onnxruntime.get_available_providers())
+        raise ModelLoadError(
+            "DBF_DEVICE=cuda but CUDA cannot run the heads (onnxruntime's providers here: "
+            f"{available}; CUDA's libraries may be missing): install onnxruntime-gpu with CUDA and cuDNN, or "
+            "set DBF_DEVICE=auto or cpu"
+        )
+    return {"cpu": [CPU], "cuda": [CUDA], "auto": [CUDA, CPU] if usable else [CPU]}[settings.device]
+
+
+def _load_model(
+    path: Path,
+    manifest: Manifest,
+    verified: dict[str, bytes],
+    providers: list[str],
+    settings: Settings,
+    stop: threading.Event | None,
+    timer: Timer,
+) -> LoadedModel:
+    """One session per view on each of ``providers``, each checked; the placement measured between them
+    where there are several."""
+    heads: dict[str, dict[str, Head]] = {}
+    outputs: dict[str, list[str]] = {}
+    allocate = page_locked_allocator() if CUDA in providers else None
+    for provider in providers:
+        heads[provider] = {}
+        for view in manifest.views:
+            file = path.parent / view.file
+            _check_stop(stop)
+            session = _session(file, verified[view.name], settings, provider)
+            outputs[view.name] = _check_signature(session, file, view.dim, len(manifest.classes))
+            _check_probe(session, file, view.dim, len(manifest.classes), outputs[view.name])
+            heads[provider][view.name] = (
+                BoundHead(session, outputs[view.name], allocate=allocate)
+                if provider == CUDA
+                else SessionHead(session, outputs[view.name])
+            )
+    if len(providers) == 1:
+        placement = fixed(
+            providers[0],
+            f"DBF_DEVICE={settings.device}"
+            if settings.device != "auto"
+            else "the only provider that runs here",
+        )
+    elif (given := _given_placement(settings, manifest, providers)) is not None:
+        placement = given
+    else:
+        _check_stop(stop)
+        views, batches = [(view.name, view.dim) for view in manifest.views], {}
+        placement = decide({p: partial(_run_heads, heads[p], views, batches) for p in providers}, timer)
+    joined = ",".join(placement.providers)
+    return LoadedModel(
+        manifest,
+        path.parent,
+        {provider: heads[provider] for provider in placement.providers},  # an unused provider's go now
+        dict.fromkeys(outputs, joined),
+        _calibration(path, manifest),
+        outputs,
+        placement,
+    )
+
+
+def handed_placements(repository: Repository) -> str:
+    """The measured placements of ``repository``'s models as ``DBF_PLACEMENT`` takes them: what ``python -m
+    service --workers N`` measures once, alone on the box, and hands to its workers, so that they neither
+    time the heads all at once (each slowing the others' timings) nor disagree."""
+    return json.dumps(
+        {
+            name: {"heads": _heads_digest(model.manifest), **model.placement.to_json()}
+            for name, model in repository.models.items()
+            if model.placement.reason == "measured"
+        }
+    )
+
+
+def _given_placement(settings: Settings, manifest: Manifest, providers: list[str]) -> Placement | None:
+    """The placement ``DBF_PLACEMENT`` hands this model, if it hands one for these very heads (not those of
+    an earlier version) on providers loaded here."""
+    if settings.placement is None:
+        return None
+    try:
+        given = json.loads(settings.placement).get(manifest.name)
+        if given is None or given["heads"] != _heads_digest(manifest):
+            return None
+        placement = Placement.from_json(given, "measured at start by the supervisor process")
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        log.warning("DBF_PLACEMENT unreadable (%s): measuring the placement of %s", error, manifest.name)
+        return None
+    return placement if set(placement.providers) <= set(providers) else None
+
+
+def _heads_digest(manifest: Manifest) -> str:
+    return hashlib.sha256("".join(view.sha256 for view in manifest.views).encode()).hexdigest()
+
+
+def _run_heads(
+    heads: dict[str, Head], views: list[tuple[str, int]], batches: dict[int, dict[str, np.ndarray]], n: int
+) -> None:
+    """Every view's head on a batch of ``n`` samples: standard normal features, drawn at the first run of a
+    size (the warm-up: see :func:`service.placement.clock`) and kept in ``batches`` for the timed ones and
+    the other providers', so that the timings are the heads' alone."""
+    if n not in batches:
+        rng = np.random.default_rng(n)
+        batches[n] = {name: rng.standard_normal((n, dim), dtype=np.float32) for name, dim in views}
+    for name, features in batches[n].items():
+        heads[name].run(features)
+
+
+JSON_BYTES_PER_FEATURE = 26
+"""The most one feature takes in a JSON body: the longest float64 literal (``-2.2250738585072014e-308``)
+and a separator (``, ``). A binary tensor's 4 bytes are fewer."""
+BODY_ENVELOPE_BYTES = 64 * 1024
+"""A body's room besides its samples: the JSON around them, a v2 request's header and parameters."""
+
+
+def body_bytes(manifest: Manifest, samples: int) -> int:
+    """The largest body of ``samples`` complete samples of ``manifest``'s model in any protocol it is served
+    with (v1 JSON, which names each sample's views, is the largest): every number written at full length."""
+    per_sample = sum(view.dim * JSON_BYTES_PER_FEATURE + len(view.name) + 8 for view in manifest.views) + 16
+    return samples * per_sample + BODY_ENVELOPE_BYTES
+
+
+def body_limit(settings: Settings, models: Iterable[LoadedModel]) -> int:
+    """``DBF_MAX_BODY_BYTES`` where it is set; else its default or, if more, what the largest request of the
+    largest model takes (:func:`body_bytes` of ``DBF_MAX_SAMPLES`` samples). One limit for every model:
+    a body is bounded as it arrives, before its model is known."""
+    if "max_body_bytes" in settings.model_fields_set:
+        return settings.max_body_bytes
+    return max([settings.max_body_bytes, *(body_bytes(m.manifest, settings.max_samples) for m in models)])
 
 
 def _check_size(path: Path, manifest: Manifest, settings: Settings) -> None:
@@ -337,15 +495,21 @@ def _options(settings: Settings) -> onnxruntime.SessionOptions:
     return options
 
 
-def _session(file: Path, content: bytes, settings: Settings, use_cuda: bool) -> onnxruntime.InferenceSession:
-    providers = [CUDA, CPU] if use_cuda else [CPU]
+def _session(file: Path, content: bytes, settings: Settings, provider: str) -> onnxruntime.InferenceSession:
+    providers = [(CUDA, _cuda_options(settings)), CPU] if provider == CUDA else [CPU]
     try:
         return onnxruntime.InferenceSession(content, _options(settings), providers=providers)
     except Exception as error:  # onnxruntime raises its own exception types for unloadable graphs
         raise ModelLoadError(f"{file}: onnxruntime cannot load it: {error}") from error
 
 
-def _cuda_usable(probe: bytes) -> bool:
+def _cuda_options(settings: Settings) -> dict[str, str]:
+    """The CUDA provider's options: TF32 in MatMul only where ``DBF_CUDA_TF32`` asks for it (onnxruntime
+    turns it on by default)."""
+    return {"use_tf32": "1" if settings.cuda_tf32 else "0"}
+
+
+def _cuda_usable(probe: bytes, settings: Settings) -> bool:
     """Whether CUDA really runs a session, found out once: onnxruntime falls back to CPU silently when the
     CUDA or cuDNN libraries are missing, logging an error for every session that asked for CUDA."""
     if CUDA not in onnxruntime.get_available_providers():
@@ -356,7 +520,7 @@ def _cuda_usable(probe: bytes) -> bool:
         # there (a CUDA base image has them on its own path; then this finds nothing and says so on stdout).
         with contextlib.redirect_stdout(io.StringIO()):
             onnxruntime.preload_dlls(directory="")
-        session = onnxruntime.InferenceSession(probe, providers=[CUDA, CPU])
+        session = onnxruntime.InferenceSession(probe, providers=[(CUDA, _cuda_options(settings)), CPU])
         usable = session.get_providers()[0] == CUDA
     except Exception:
         usable = False

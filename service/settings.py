@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -16,7 +17,11 @@ class Settings(BaseSettings):
 
     host: str = Field(default="127.0.0.1", description="address to listen on (0.0.0.0: every interface)")
     port: int = Field(default=8000, ge=0, le=65535, description="HTTP port")
-    workers: int = Field(default=1, ge=1, description="uvicorn worker processes (metrics add up across them)")
+    workers: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        default=1,
+        description="uvicorn worker processes (metrics add up across them); auto: one per core this process "
+        "may use (its CPU affinity, and its cgroup's CPU quota if lower)",
+    )
     model_dir: Path = Field(default=Path("models"), description="the model repository: one folder per model")
     default_model: str = Field(default="handwritten", description="the model POST /predict asks")
     max_samples: int = Field(default=1024, ge=1, description="samples per request; more is a 413")
@@ -27,9 +32,14 @@ class Settings(BaseSettings):
     max_answer_values: int = Field(
         default=1 << 20, ge=1, description="numbers in one answer; more is a 413 (a model of more is refused)"
     )
-    # A HandWritten sample takes ~13 KB as JSON: 8 MiB holds ~600 of them. Bigger batches travel as
-    # binary tensors (/v2/models/{name}/infer: 1024 HandWritten samples in 2.7 MB).
-    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1, description="request body size; more is a 413")
+    # Unset, the limit is this or, if more, what DBF_MAX_SAMPLES samples of the largest model served take
+    # as JSON with every number at full length (service.repository.body_bytes): every request of at most
+    # DBF_MAX_SAMPLES samples fits, in binary and in JSON. Set, it is the limit, whatever the models.
+    max_body_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=1,
+        description="request body size; more is a 413 (unset: sized by the models)",
+    )
     # Slow bodies: the whole body within this many seconds, and on average at no less than this many bytes a
     # second after its first ten (a stalled or trickling upload gets 408 and its connection closed).
     # Requests take a predict slot only once their body is in, so slow senders never crowd out the others.
@@ -70,6 +80,16 @@ class Settings(BaseSettings):
         default=None, description="bearer token; surrounding whitespace (a trailing newline) is stripped"
     )
     require_gpu: bool = Field(default=False, description="refuse to start unless CUDA really runs the heads")
+    # Where the heads run (service.placement): auto times each model's heads at load on every provider that
+    # can run them (CUDA where it works, the CPU) and runs each batch where its size ran fastest; cuda or
+    # cpu puts every batch there (cuda refuses to start when CUDA cannot run the heads).
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    # Placements measured already (service.repository.handed_placements): python -m service --workers N
+    # measures once and hands them to its workers. A model not in it, or whose heads changed, is measured.
+    placement: str | None = Field(default=None, description="placements measured already (JSON; internal)")
+    # onnxruntime's CUDA provider rounds MatMul's inputs to TF32 unless told not to: off, CUDA's answers
+    # differ from the CPU's by float32 rounding only (the bound is to be measured on a GPU: README, GPU).
+    cuda_tf32: bool = Field(default=False, description="let the CUDA provider use TF32 in MatMul")
     # Each view's onnxruntime session gets one thread and no spinning: the heads are small matrix products,
     # a batch runs its views one after another (in one inference thread, or on the event loop when small),
     # and concurrency comes from running batches in parallel (inference_threads), so per-session pools would

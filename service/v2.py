@@ -158,6 +158,7 @@ def metadata(signature: ModelSignature) -> dict[str, Any]:
             "calibrated": signature.calibrated,
             **({"coverage": signature.default_coverage} if signature.calibrated else {}),
             **({"max_coverage": signature.max_coverage} if signature.calibrated else {}),
+            **({"placement": signature.placement} if signature.placement is not None else {}),
         },
     }
 

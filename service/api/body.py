@@ -62,9 +62,15 @@ class Received:
         self.plane.bodies.release(self.reserved - size)
         self.reserved = size
 
+    def _limit(self) -> int:
+        """The body limit the models served make (:func:`service.repository.body_limit`), or before they
+        are loaded ``DBF_MAX_BODY_BYTES``."""
+        repository = self.plane.repository
+        return self.plane.settings.max_body_bytes if repository is None else repository.max_body_bytes
+
     async def _read(self) -> bytes:
-        request, settings = self.request, self.plane.settings
-        declared = content_length(request.headers.get("content-length"), settings.max_body_bytes)
+        request = self.request
+        declared = content_length(request.headers.get("content-length"), self._limit())
         encoding = request.headers.get("content-encoding", "identity").strip().lower()
         if encoding != "identity" and encoding not in _WBITS:
             raise UnsupportedMediaType(
@@ -82,7 +88,7 @@ class Received:
     async def _receive(self) -> bytes:
         """The body's bytes as they arrive, reserved as they do, in time."""
         request, reserve, settings = self.request, self._reserve, self.plane.settings
-        limit = settings.max_body_bytes
+        limit = self._limit()
         chunks, size = [], 0
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -117,7 +123,7 @@ class Received:
         (503 overloaded when the budget has none), the first on the event loop when ``data`` is small
         (it may inflate a hundredfold), the others on the codec thread."""
         plane = self.plane
-        inflater = Inflater(data, encoding, plane.settings.max_body_bytes)
+        inflater = Inflater(data, encoding, self._limit())
         small = len(data) <= INLINE_BODY_BYTES // 8
         pieces: list[bytes] = []
         room = INLINE_BODY_BYTES

@@ -92,10 +92,14 @@ def _model_description() -> dict[str, Any]:
             "providers": {
                 "type": "object",
                 "additionalProperties": {"type": "string"},
-                "description": "view -> the onnxruntime execution provider running its head",
+                "description": "view -> the onnxruntime execution providers running its head",
+            },
+            "placement": {
+                "type": "object",
+                "description": "where each batch size runs (DBF_DEVICE), why, and the timings deciding it",
             },
         },
-        "required": [*manifest.get("required", []), "providers"],
+        "required": [*manifest.get("required", []), "providers", "placement"],
     }
     listing = {
         "title": "ModelListing",

@@ -272,8 +272,9 @@ def test_concurrent_big_bodies_stay_within_the_pods_memory():
     n = (8 << 20) // (len(json.dumps(sample)) + 2)  # as many samples as fit in 8 MiB
     body = json.dumps({"samples": [sample] * n}).encode()
     assert (7 << 20) < len(body) <= (8 << 20)
+    env = {"DBF_MAX_BODY_BYTES": str(8 << 20)}  # unset, it would grow with the model (body_limit)
     with _pod_memory(limit) as group:
-        with service_process("--model-dir", str(HANDWRITTEN), cgroup=group) as (url, proc):
+        with service_process("--model-dir", str(HANDWRITTEN), env=env, cgroup=group) as (url, proc):
             with probing(url, "64 concurrent 8 MiB bodies"):
                 statuses = asyncio.run(_burst(url, body, {"content-type": "application/json"}, 64))
             peak = _memory(proc.pid, "VmHWM")
@@ -296,7 +297,8 @@ def test_concurrent_compression_bombs_stay_within_the_body_budget():
     bomb = gzip.compress(b" " * (9 << 20))
     assert len(bomb) < 10_000
     headers = {"content-type": "application/json", "content-encoding": "gzip"}
-    env = {"DBF_BODY_MEMORY_BYTES": str(budget)}
+    # Set: unset, the limit would take 1024 HandWritten samples as JSON (service.repository.body_limit).
+    env = {"DBF_BODY_MEMORY_BYTES": str(budget), "DBF_MAX_BODY_BYTES": str(8 << 20)}
     with _pod_memory(pod) as group:
         with service_process("--model-dir", str(HANDWRITTEN), env=env, cgroup=group) as (url, proc):
             assert asyncio.run(_burst(url, bomb, headers, 1)) == [413]  # warm: the codec thread, its arena
@@ -381,19 +383,24 @@ def linear_head(dim: int, classes: int) -> bytes:
     return onnx_head(nodes, [w], dim=dim, classes=classes)
 
 
+def cub_with_linear_heads(model: Path, dims: dict[str, int], classes: int = 10) -> Path:
+    """The CUB model copied to ``model`` (its name then ``model``'s), with linear heads of ``classes``
+    outputs on views of ``dims``."""
+    from tests.service.test_operator_mistakes import with_head, with_manifest
+
+    shutil.copytree(MODELS / "cub", model)
+    for view, dim in dims.items():
+        with_head(model, view, linear_head(dim, classes), dim=dim)
+    names = [f"class {k}" for k in range(classes)]
+    with_manifest(model, lambda manifest: manifest.update(name=model.name, classes=names))
+    return model
+
+
 @pytest.fixture(scope="module")
 def wide(tmp_path_factory) -> Path:
     """The CUB model made 'wide': heads of 10,000 classes on views of 40 and 48 features."""
     pytest.importorskip("onnx")
-    from tests.service.test_operator_mistakes import with_head, with_manifest
-
-    model = tmp_path_factory.mktemp("models") / "wide"
-    shutil.copytree(MODELS / "cub", model)
-    for view, dim in WIDE_DIMS.items():
-        with_head(model, view, linear_head(dim, WIDE_CLASSES), dim=dim)
-    classes = [f"class {k}" for k in range(WIDE_CLASSES)]
-    with_manifest(model, lambda manifest: manifest.update(name="wide", classes=classes))
-    return model
+    return cub_with_linear_heads(tmp_path_factory.mktemp("models") / "wide", WIDE_DIMS, WIDE_CLASSES)
 
 
 def wide_features(n: int) -> dict[str, np.ndarray]:

@@ -1,4 +1,5 @@
-"""``/v1/models``: the models served, each with its manifest and the execution provider running each view."""
+"""``/v1/models``: the models served, each with its manifest, the execution providers running each view, and
+where each batch size runs (:mod:`service.placement`)."""
 
 from __future__ import annotations
 
@@ -28,4 +29,8 @@ def get_model(name: str, request: Request) -> dict[str, Any]:
 
 
 def describe(model: LoadedModel) -> dict[str, Any]:
-    return {**model.manifest.model_dump(mode="json", by_alias=True), "providers": model.providers}
+    return {
+        **model.manifest.model_dump(mode="json", by_alias=True),
+        "providers": model.providers,
+        "placement": model.placement.describe(),
+    }
