@@ -141,8 +141,9 @@ def _export(args: argparse.Namespace) -> int:
 
 def _fit(args: argparse.Namespace) -> int:
     import time
+    from dataclasses import replace
 
-    from training.architecture import CANDIDATES
+    from training.architecture import CANDIDATES, OUTVOTED_BETA
     from training.data import DataError
     from training.fit import fit
     from training.progress import progress_for
@@ -173,9 +174,9 @@ def _fit(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     hyperparameters = data.spec.hyperparameters if data.spec is not None else DEFAULT_HYPERPARAMETERS
-    config = TrainConfig(
-        method=args.method, lam=args.lam, hyperparameters=hyperparameters, beta=args.beta, seed=args.seed
-    )
+    config = TrainConfig(method=args.method, lam=args.lam, hyperparameters=hyperparameters, seed=args.seed)
+    if args.beta is not None:
+        config = replace(config, beta=args.beta)
     budget = Budget(epochs=args.epochs, patience=args.patience, seconds=args.max_minutes * 60)
     try:
         manifest, report = fit(
@@ -186,6 +187,7 @@ def _fit(args: argparse.Namespace) -> int:
             target_false_positive_rate=args.target_fpr,
             budget=budget,
             hidden=CANDIDATES if args.hidden is None else [args.hidden],
+            outvoted_beta=OUTVOTED_BETA if args.beta is None else None,
             card=True,
             progress=lambda epochs: progress_for(epochs, quiet=args.quiet),
             in_place=True,  # the data was read for this fit alone: scaled where it lies, never held twice
@@ -291,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from training.architecture import SMALL_HIDDEN
     from training.experiment import DEFAULT_EPOCHS
-    from training.train import FIT_BETA, Budget
+    from training.train import Budget
 
     grid = commands.add_parser(
         "experiment", help="train and evaluate a grid of runs; write results and tables"
@@ -413,9 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     own.add_argument(
         "--beta",
         type=_non_negative,
-        default=FIT_BETA,
-        help="weight of each view's own loss beside the fused one (the paper's beta; default "
-        f"{FIT_BETA:g}: the fused answer first; 1: each view's head also accurate alone)",
+        help="weight of each view's own loss beside the fused one (the paper's beta; default 1, and the "
+        "heads trained again with 0.1 where the fused model is more than 1 point below its best view on the "
+        "non-test samples)",
     )
     own.add_argument(
         "--target-fpr",

@@ -45,6 +45,7 @@ __all__ = [
     "REGULARISATION",
     "Baseline",
     "Comparison",
+    "accuracies",
     "compare",
     "fit_baseline",
 ]
@@ -108,13 +109,17 @@ class Comparison:
 def compare(test: FusedSplit, view_names: Sequence[str], baseline: Baseline) -> Comparison:
     """The fused model and each of its views' heads alone on the test split ``test`` (fused by
     :meth:`FusedSplit.of_evidence`, which keeps the views' opinions), against ``baseline``."""
-    right = np.argmax(projected_probability(test.views), axis=-1) == test.labels[:, None]  # (N, V)
-    present = np.ones(right.shape, bool) if test.present is None else test.present
-    return Comparison(
-        fused=Rate.of(np.argmax(projected_probability(test.clean), axis=-1) == test.labels),
-        views={name: Rate.of(right[present[:, v], v]) for v, name in enumerate(view_names)},
-        baseline=baseline,
-    )
+    fused, views = accuracies(test, view_names)
+    return Comparison(fused=fused, views=views, baseline=baseline)
+
+
+def accuracies(split: FusedSplit, view_names: Sequence[str]) -> tuple[Rate, dict[str, Rate]]:
+    """How often the fused model, and each view's head alone (on the samples that have its view), is right
+    on ``split`` (fused by :meth:`FusedSplit.of_evidence`, which keeps the views' opinions)."""
+    right = np.argmax(projected_probability(split.views), axis=-1) == split.labels[:, None]  # (N, V)
+    present = np.ones(right.shape, bool) if split.present is None else split.present
+    fused = Rate.of(np.argmax(projected_probability(split.clean), axis=-1) == split.labels)
+    return fused, {name: Rate.of(right[present[:, v], v]) for v, name in enumerate(view_names)}
 
 
 def fit_baseline(sets: EvaluationSets, *, num_classes: int, seed: int) -> Baseline:

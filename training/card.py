@@ -318,10 +318,12 @@ def training(report: FitReport, manifest: Manifest) -> Section:
             "within the last patience): more epochs or time may fit better"
         )
     total = sum(report.seconds.values())
+    activation = "capped exponential" if config.activation == "exp" else "softplus"
     text = (
-        f"One head per view ({_architecture(config.hidden)}{_choice(report.choice)}) with the "
-        f"{'capped exponential' if config.activation == 'exp' else 'softplus'} evidence activation, trained "
-        f"with the paper's loss fused by {config.method.upper()} (lambda {config.lam:g}): learning rate "
+        f"One head per view ({_architecture(config.hidden)}{_choice(report.choice)}{_outvoted(report)}) with "
+        f"the {activation} evidence activation, trained "
+        f"with the paper's loss fused by {config.method.upper()} (lambda {config.lam:g}; each view's own "
+        f"term weighted {config.beta:g}): learning rate "
         f"{hp.lr:g}, KL annealing over {hp.annealing_step} epochs, gamma {hp.gamma:g}, weight decay "
         f"{hp.weight_decay:g}, batch {config.batch_size}, seeds {report.seed} (split) and {config.seed} "
         f"(weights). {stopping}. {total:.0f} s in all "
@@ -361,6 +363,19 @@ def _choice(choice: HeadChoice | None) -> str:
     return (
         f"; chosen for its fused validation accuracy, {_measured(choice.chosen)}, against {others}; a hidden "
         "layer is kept only where more accurate"
+    )
+
+
+def _outvoted(report: FitReport) -> str:
+    """Whether the heads were trained again because the fused model was outvoted by its best view."""
+    o = report.outvoted
+    if o is None:
+        return ""
+    outcome = "kept" if o.kept else "not kept: no more accurate"
+    return (
+        f"; trained again with each view's own term weighted {o.beta:g}, as the fused model was below its "
+        f"best view `{o.best_view}` on the training and validation samples ({_percent(o.fused)} against "
+        f"{_percent(o.best_view_accuracy)}): {_percent(o.again)}, {outcome}"
     )
 
 

@@ -37,7 +37,7 @@ import torch
 
 from fusion import fuse, opinion_from_evidence
 from manifest import NAME_PATTERN, Manifest, Metrics
-from training.architecture import HeadChoice, choose_heads
+from training.architecture import HeadChoice, Outvoted, choose_heads, unless_outvoted
 from training.baseline import compare, fit_baseline
 from training.calibrate import FusedSplit, PostHoc, calibrate, check_calibration_splits
 from training.card import write_card
@@ -70,6 +70,7 @@ def fit(
     early_stopping: EarlyStopping | None = None,
     budget: Budget | None = None,
     hidden: Sequence[tuple[int, ...]] | None = None,
+    outvoted_beta: float | None = None,
     name: str | None = None,
     card: bool = False,
     progress: bool | Progress | Callable[[int], Progress] | None = None,
@@ -101,6 +102,10 @@ def fit(
         Hidden widths of the heads to choose between on the validation split
         (:func:`training.architecture.choose_heads`; each gets an equal share of the time limit);
         default: ``config.hidden`` alone.
+    outvoted_beta : float, optional
+        Where the fused model is outvoted by its best view on the non-test samples, train the heads again
+        with this weight of each view's own term (:func:`training.architecture.unless_outvoted`; the
+        retraining gets a candidate's share of the time limit). None: never.
     name : str, optional
         The model's name (default: ``out_dir``'s).
     card : bool
@@ -134,16 +139,19 @@ def fit(
         early_stopping, time_limit = budget.early_stopping(len(sets.train), config), budget.seconds
     candidates = [config.hidden] if hidden is None else [tuple(widths) for widths in hidden]
     with _timed(seconds, "training"), _subnormals_flushed():
-        trained, choice = _train(
+        trained, choice, outvoted = _train(
             sets,
             data,
             config=config,
             candidates=candidates,
+            outvoted_beta=outvoted_beta,
             early_stopping=early_stopping,
             time_limit=time_limit,
             progress=progress,
         )
     config = replace(config, hidden=candidates[0] if choice is None else choice.chosen.hidden)
+    if outvoted is not None and outvoted.kept:
+        config = replace(config, beta=outvoted.beta)
     with _timed(seconds, "evaluation"):
         test = _fused(trained.heads, sets.test, sets.conflictive["test"], config=config)
         baseline = fit_baseline(sets, num_classes=data.num_classes, seed=seed)
@@ -181,6 +189,7 @@ def fit(
         seconds=seconds,
         time_limit=time_limit,
         choice=choice,
+        outvoted=outvoted,
         cross_fitted=cross_fitted,
     )
     with _timed(seconds, "export"):
@@ -239,21 +248,23 @@ def _train(
     *,
     config: TrainConfig,
     candidates: list[tuple[int, ...]],
+    outvoted_beta: float | None,
     early_stopping: EarlyStopping | None,
     time_limit: float | None,
     progress: bool | Progress | Callable[[int], Progress] | None,
-) -> tuple[Trained, HeadChoice | None]:
+) -> tuple[Trained, HeadChoice | None, Outvoted | None]:
     """The served model: one head per view on the training split, stopped on the validation loss; with
     several candidate architectures (each with an equal share of the time limit), the one
-    :func:`training.architecture.choose_heads` picks on the validation split."""
+    :func:`training.architecture.choose_heads` picks on the validation split; trained again with
+    ``outvoted_beta`` where :func:`training.architecture.unless_outvoted` says so."""
     share = None if time_limit is None else time_limit / len(candidates)
 
-    def train_heads(widths: tuple[int, ...]) -> Trained:
+    def train_heads(widths: tuple[int, ...], beta: float = config.beta) -> Trained:
         return train_members(
             [list(sets.views.values())],
             [data.labels],
             num_classes=data.num_classes,
-            config=replace(config, hidden=widths),
+            config=replace(config, hidden=widths, beta=beta),
             seeds=[config.seed],
             rows=[sets.train.rows],
             present=[sets.present],
@@ -263,7 +274,7 @@ def _train(
             progress=progress,
         )[0]
 
-    return choose_heads(
+    trained, choice = choose_heads(
         train_heads,
         candidates,
         sets.validation,
@@ -271,6 +282,17 @@ def _train(
         method=config.method,
         lam=config.lam,
     )
+    if outvoted_beta is None:
+        return trained, choice, None
+    widths = candidates[0] if choice is None else choice.chosen.hidden
+    trained, outvoted = unless_outvoted(
+        trained,
+        lambda beta: train_heads(widths, beta),
+        lambda heads: _fused_non_test(heads.heads, sets, config=config),
+        data.view_names,
+        beta=outvoted_beta,
+    )
+    return trained, choice, outvoted
 
 
 def _fused(
@@ -284,6 +306,17 @@ def _fused(
         lam=config.lam,
         present=clean.present,
         conflictive=(predict_evidence(heads, conflictive), conflictive.labels, conflictive.present),
+    )
+
+
+def _fused_non_test(heads: EvidentialHeads, sets: EvaluationSets, *, config: TrainConfig) -> FusedSplit:
+    """Every sample but the test split's (training and validation), fused as the model serves."""
+    rows = np.sort(np.concatenate([sets.train.rows, sets.validation.rows]))
+    present = None if sets.present is None else sets.present[rows]
+    samples = Samples(sets.views, rows, sets.everything.labels[rows], present)
+    evidence = predict_evidence(heads, samples)
+    return FusedSplit.of_evidence(
+        evidence, samples.labels, method=config.method, lam=config.lam, present=present
     )
 
 

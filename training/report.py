@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from manifest import FusionDefaults, Manifest, Metrics, OutOfRange, ViewEntry
-from training.architecture import HeadChoice
+from training.architecture import HeadChoice, Outvoted
 from training.baseline import Comparison
 from training.calibrate import FusedSplit, PostHoc
 from training.crossfit import CrossFitted
@@ -50,6 +50,8 @@ class FitReport:
         Wall time of each phase.
     choice : HeadChoice or None
         The head architectures measured on the validation split, where ``fit`` chose between several.
+    outvoted : Outvoted or None
+        Where the fused model was outvoted by its best view on the non-test samples: the heads trained again.
     cross_fitted : CrossFitted or None
         The fold models' run, where the calibrations were cross-fitted.
     """
@@ -68,6 +70,7 @@ class FitReport:
     seconds: dict[str, float]
     time_limit: float | None = None
     choice: HeadChoice | None = None
+    outvoted: Outvoted | None = None
     cross_fitted: CrossFitted | None = None
 
     @property
@@ -108,6 +111,16 @@ class FitReport:
         if self.time_limit is not None:
             record["time_limit_seconds"] = self.time_limit
             record["timed_out"] = self.history.timed_out
+        if self.outvoted is not None:
+            record["outvoted"] = {
+                "best_view": self.outvoted.best_view,
+                "non_test_accuracy": {
+                    "fused": self.outvoted.fused,
+                    "best_view": self.outvoted.best_view_accuracy,
+                    f"fused_beta_{self.outvoted.beta:g}": self.outvoted.again,
+                },
+                "kept": self.outvoted.kept,
+            }
         if self.cross_fitted is not None:
             record["cross_fitting"] = {
                 "epochs": self.cross_fitted.epochs,

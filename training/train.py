@@ -20,14 +20,6 @@ from training.loss import annealing_coefficient, total_loss
 from training.progress import Progress, ProgressBar, Silent
 from training.registry import DEFAULT_HYPERPARAMETERS, Hyperparameters
 
-FIT_BETA = 0.1
-"""``python -m training fit``'s weight of each view's own accuracy term in the objective (Eq. 19's beta;
-``export`` trains the benchmark models with the paper's, 1). With the fused term dominating, a head whose view
-is weak learns to leave the decision to the others' evidence instead of outvoting them with its own: on the
-fit-quality data sets (``benchmarks/fit_quality.py``) the fused model then matches its best view, where with
-beta 1 a weak view's confident mistakes put it several points below; a weak view's head alone is less
-accurate, and conflict between views rarer (lower conflict AUROC)."""
-
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:

@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from training.calibrate import FusedSplit, calibrate, flag_scores
-from training.crossfit import FOLDS, fused_out_of_fold, plan_cross_fitting
+from training.crossfit import FOLDS, fused_out_of_fold, out_of_fold, plan_cross_fitting
 from training.data import synthetic
 from training.metrics import coverage_band
 from training.protocol import Samples, evaluation_sets
+from training.train import TrainConfig
 
 SAMPLES, NEW, CLASSES, DRAWS = 300, 2000, 4, 200
 LEVEL, TARGET = 0.9, 0.05
@@ -121,3 +122,19 @@ def test_the_cross_fitted_flag_raises_near_its_target_on_new_clean_samples(draws
     flagged, alone = draws["cross-fitted"][:, 1], draws["validation"][:, 1]
     assert 0.03 <= flagged.mean() <= 0.08
     assert flagged.std() < 0.6 * alone.std()  # a threshold from 8x the samples
+
+
+def test_the_fold_models_stop_at_the_time_limit_and_the_fit_says_so():
+    data = synthetic(SAMPLES, num_classes=CLASSES, dims=(3, 3), seed=0)
+    sets = evaluation_sets(data, seed=0, conflictive=("validation", "test"))
+    plan = plan_cross_fitting(sets, num_classes=CLASSES, seed=0)
+    config = TrainConfig(epochs=1)
+    unlimited = out_of_fold(plan, sets, num_classes=CLASSES, config=config, epochs=3, progress=False)
+    assert (unlimited.epochs, unlimited.timed_out, unlimited.warnings()) == (3, False, [])
+    limited = out_of_fold(
+        plan, sets, num_classes=CLASSES, config=config, epochs=1000, time_limit=0.0, progress=False
+    )
+    assert limited.epochs == 1 and limited.timed_out  # the epoch running when the time is up ends the run
+    assert len(limited.split.labels) == len(sets.train) + len(sets.validation)  # still every non-test sample
+    (warning,) = limited.warnings()
+    assert "stopped at the time limit after 1 of 1000 epochs" in warning and "--max-minutes" in warning
