@@ -58,6 +58,7 @@ def write_dataset(path: Path, *, samples: int, dims: list[int], classes: int, se
 
 def fit_child(path: str, out: str, epochs: int) -> None:
     """What ``python -m training fit --data PATH --out OUT --epochs E --patience 0 --quiet`` runs."""
+    from training.architecture import OUTVOTED_BETA
     from training.fit import fit
     from training.progress import ProgressLines
     from training.readers import load
@@ -71,6 +72,7 @@ def fit_child(path: str, out: str, epochs: int) -> None:
         data,
         out,
         config=TrainConfig(epochs=epochs, hyperparameters=DEFAULT_HYPERPARAMETERS),
+        outvoted_beta=OUTVOTED_BETA,  # the check on every non-test sample, as the command runs it
         card=True,
         progress=ProgressLines(epochs, every=1),
         in_place=True,
