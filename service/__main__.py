@@ -1,4 +1,5 @@
-"""``python -m service --host H --port P [--workers N] [--model-dir DIR]``; defaults from ``DBF_*``."""
+"""``python -m service --host H --port P [--grpc-port G] [--workers N] [--model-dir DIR]``; defaults from
+``DBF_*``."""
 
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m service", description=__doc__)
     parser.add_argument("--host", default=defaults.host)
     parser.add_argument("--port", type=int, default=defaults.port)
+    parser.add_argument(
+        "--grpc-port", type=int, default=defaults.grpc_port, help="gRPC (Open Inference Protocol); 0: none"
+    )
     parser.add_argument("--workers", type=int, default=defaults.workers)
     parser.add_argument(
         "--model-dir", type=Path, default=defaults.model_dir, help="one model or a repository"
@@ -38,6 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     # Each worker process builds the app from the environment: hand the command line's choices on.
     os.environ["DBF_MODEL_DIR"] = str(args.model_dir)
+    os.environ["DBF_GRPC_PORT"] = str(args.grpc_port)
     if args.workers > 1:
         # uvicorn's supervisor would swallow a worker's load failure and exit 0: verify and load once here
         # first. (A single worker's failure already stops uvicorn with a non-zero status.)

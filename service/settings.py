@@ -16,6 +16,9 @@ class Settings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
+    # The Open Inference Protocol over gRPC (service/grpc_server.py), on DBF_HOST too; 8081 as KServe's and
+    # MLServer's. 0 serves no gRPC.
+    grpc_port: int = Field(default=8081, ge=0, le=65535, description="gRPC port; 0: no gRPC")
     workers: int = Field(default=1, ge=1)
     model_dir: Path = Path("models")
     default_model: str = "handwritten"
