@@ -102,7 +102,9 @@ class InferenceServicer:
         del body  # the message holds what is needed of it
         request = message.request
         name, version = request.model_name, request.model_version or None
-        return await plane.serve(grpc_codec, name, version, headers, _Held(plane.bodies, message))
+        held = _Held(plane.bodies, message)
+        delay = plane.settings.grpc_batch_delay_ms / 1000
+        return await plane.serve(grpc_codec, name, version, headers, held, batch_delay=delay)
 
     def _authorize(self, context: Any, headers: Mapping[str, str] | None = None) -> None:
         headers = _metadata(context) if headers is None else headers

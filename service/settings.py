@@ -59,6 +59,11 @@ class Settings(BaseSettings):
     batching: bool = True
     batch_max_samples: int = Field(default=256, ge=1)
     batch_max_delay_ms: float = Field(default=0.0, ge=0, description="a batch's longest wait for more")
+    # gRPC's calls reach the core one at a time (grpc.aio accepts a call, then receives its message, each a
+    # completion of its own): without a wait, concurrent calls are never batched together.
+    grpc_batch_delay_ms: float = Field(
+        default=1.0, ge=0, description="a batch holding a gRPC call waits this long for more"
+    )
     # Hot reload: POST /v1/admin/reload, or a poll of the model directory every this many seconds (0: off).
     reload_poll_seconds: float = Field(default=0.0, ge=0)
     # A reload not done by then is refused (409) and its load abandoned: a file that blocks on read (a hung
