@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -25,6 +25,8 @@ from service.inference import InferenceRequest, ModelSignature, Result
 from service.outputs import TENSORS
 from service.proto import grpc_predict_v2_pb2 as pb
 from service.schemas import InferInput, InferRequest, InferRequestedOutput
+
+T = TypeVar("T")
 
 PROTOCOL = "grpc"  # the protocol label of its requests' metrics
 SERVICE = "inference.GRPCInferenceService"
@@ -44,12 +46,17 @@ class Message:
 
 
 def parse(body: bytes) -> Message:
-    """A ModelInferRequest's bytes -> its message (INVALID_ARGUMENT, via :class:`InvalidInput`, if they are
-    none): parsed here rather than by gRPC, so that a bad message is the client's error, not the server's."""
+    """A ModelInferRequest's bytes -> its message (:func:`read`)."""
+    return Message(read(pb.ModelInferRequest, body), len(body))
+
+
+def read(kind: type[T], body: bytes) -> T:
+    """A request message of ``kind`` from its bytes (INVALID_ARGUMENT, via :class:`InvalidInput`, if they
+    are none): read here rather than by gRPC, whose failure would be the server's (INTERNAL)."""
     try:
-        return Message(pb.ModelInferRequest.FromString(body), len(body))
+        return kind.FromString(body)
     except DecodeError as error:
-        raise InvalidInput(f"not a ModelInferRequest message: {error}") from None
+        raise InvalidInput(f"not a {kind.DESCRIPTOR.name} message: {error}") from None
 
 
 def accept(headers: Mapping[str, str]) -> None:

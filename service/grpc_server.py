@@ -111,22 +111,18 @@ class InferenceServicer:
         verify_token(bearer_token(headers.get("authorization")), self.plane.settings.api_key)
 
     def handler(self) -> grpc.GenericRpcHandler:
-        """The service's method handlers, each behind :func:`_answering` (ModelInfer's raw: see above)."""
+        """The service's method handlers, each behind :func:`_answering`, requests and answers as bytes (the
+        messages read by :func:`_typed`, ModelInfer's by :meth:`model_infer`)."""
         unary = grpc.unary_unary_rpc_method_handler
         typed = {
-            "ServerLive": (self.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
-            "ServerReady": (self.server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse),
-            "ServerMetadata": (self.server_metadata, pb.ServerMetadataRequest, pb.ServerMetadataResponse),
-            "ModelReady": (self.model_ready, pb.ModelReadyRequest, pb.ModelReadyResponse),
-            "ModelMetadata": (self.model_metadata, pb.ModelMetadataRequest, pb.ModelMetadataResponse),
+            "ServerLive": (self.server_live, pb.ServerLiveRequest),
+            "ServerReady": (self.server_ready, pb.ServerReadyRequest),
+            "ServerMetadata": (self.server_metadata, pb.ServerMetadataRequest),
+            "ModelReady": (self.model_ready, pb.ModelReadyRequest),
+            "ModelMetadata": (self.model_metadata, pb.ModelMetadataRequest),
         }
         methods = {
-            name: unary(
-                _answering(method),
-                request_deserializer=request.FromString,
-                response_serializer=response.SerializeToString,
-            )
-            for name, (method, request, response) in typed.items()
+            name: unary(_answering(_typed(method, request))) for name, (method, request) in typed.items()
         }
         methods["ModelInfer"] = unary(_answering(self.model_infer))
         return grpc.method_handlers_generic_handler(grpc_codec.SERVICE, methods)
@@ -135,6 +131,16 @@ class InferenceServicer:
 def _metadata(context: Any) -> dict[str, str]:
     """The call's metadata as headers (keys in lower case, as gRPC sends them; binary ones left out)."""
     return {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
+
+
+def _typed(method: Handler, kind: type) -> Handler:
+    """``method`` (message in, message out) over bytes: the request read by :func:`grpc_codec.read`."""
+
+    async def call(body: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        answer = await method(grpc_codec.read(kind, body), context)
+        return answer.SerializeToString()
+
+    return call
 
 
 def _answering(method: Handler) -> Handler:

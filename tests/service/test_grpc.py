@@ -354,6 +354,14 @@ def test_a_malformed_message_is_invalid_argument(service, body, message):
     assert message in refused.value.details()
 
 
+def test_a_malformed_metadata_request_is_invalid_argument(service):
+    _, address = service
+    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
+        channel.unary_unary("/inference.GRPCInferenceService/ModelReady")(b"\xff\xff\xff", timeout=30)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not a ModelReadyRequest message" in refused.value.details()
+
+
 def test_health_and_reflection(service):
     _, address = service
     with grpc.insecure_channel(address) as channel:
