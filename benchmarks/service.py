@@ -141,9 +141,7 @@ def main() -> None:
             f"# service benchmark: model {manifest.name}, wrk, one uvicorn worker; per case the median of "
             f"{args.repeat} runs of {args.seconds} s, yardstick and service alternated"
         )
-    print(
-        f"# {os.cpu_count()} cores; ratio = service / {baseline} (grpc cases: gRPC / REST binary tensors)"
-    )
+    print(f"# {os.cpu_count()} cores; ratio = service / {baseline} (grpc cases: gRPC / REST binary tensors)")
     header = f"{'case':<20}{'samples':>8}{'conc':>5} {'server':<10}{'req/s':>9}{'samples/s':>11}"
     print(header + f"{'p50 ms':>9}{'p99 ms':>9}{'ratio':>7}  notes")
     with tempfile.TemporaryDirectory() as tmp:
