@@ -1,14 +1,18 @@
-"""dbf-serve against a peer on the same job: the same heads and fusion served by MLServer 1.7 as a custom
-runtime (:mod:`benchmarks.mlserver_runtime`), both asked with the Open Inference Protocol's JSON tensors by
-the same wrk, in one run, alternated. MLServer runs twice: as installed (its default, one inference worker
-process) and with ``parallel_workers`` 0 (inference in the server process, as dbf-serve does it).
+"""dbf-serve against peers on the same job: the same heads and fusion (:mod:`benchmarks.peer_model`) served
+by MLServer 1.7 as a custom runtime (:mod:`benchmarks.mlserver_runtime`) and by KServe's Python model server
+as a custom model (:mod:`benchmarks.kserve_runtime`), all asked the same Open Inference Protocol requests
+in one run, alternated: JSON tensors over REST by wrk (``v2-json*`` cases), raw tensors over gRPC by h2load
+(``grpc*`` cases, each server's gRPC port; the request checked once by a gRPC client first). MLServer runs
+twice: as installed (its default, one inference worker process) and with ``parallel_workers`` 0 (inference
+in the server process, as dbf-serve does it); KServe as installed, its per-request latency log off.
 
-    python -m benchmarks.peers [--seconds 8] [--repeat 3] [--cases v2-json256,v2-json1] [--venv DIR]
+    python -m benchmarks.peers [--seconds 8] [--repeat 3] [--cases v2-json256,v2-json1,grpc256,grpc1]
+                               [--peers mlserver,mlserver-0,kserve] [--venv DIR]
 
 MLServer and dbf-serve pin different FastAPI releases, so MLServer gets its own virtual environment
 (``--venv``, made on first use: ``pip install mlserver==1.7.1 'uvloop<0.22' onnxruntime numpy
-array-api-compat``). Prints throughput, p50/p99 latency and the ratio dbf-serve / MLServer; asserts
-nothing. Needs ``wrk``.
+array-api-compat``); KServe runs in this environment. Prints throughput, p50/p99 latency and the ratio
+dbf-serve / the peer; asserts nothing. Needs ``wrk``, and ``h2load`` for the gRPC cases.
 """
 
 from __future__ import annotations
@@ -24,8 +28,24 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.service import CASES, ROOT, WRK_SCRIPT, Server, median, print_row, v2_json_body, wrk_load
+from benchmarks.service import (
+    CASES,
+    ROOT,
+    WRK_SCRIPT,
+    Case,
+    Load,
+    Server,
+    check_grpc,
+    grpc_frame,
+    grpc_request,
+    h2load_load,
+    median,
+    print_row,
+    v2_json_body,
+    wrk_load,
+)
 from manifest import Manifest
+from tests.service.conftest import free_port
 
 MLSERVER = "mlserver==1.7.1"
 
@@ -36,46 +56,85 @@ def main() -> None:
     )
     parser.add_argument("--seconds", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3, help="runs per server and case; medians are printed")
-    parser.add_argument("--cases", default="v2-json256,v2-json1")
+    parser.add_argument("--cases", default="v2-json256,v2-json1,grpc256,grpc1")
+    parser.add_argument("--peers", default="mlserver,mlserver-0,kserve")
     parser.add_argument("--model-dir", type=Path, default=ROOT / "models" / "handwritten")
     parser.add_argument("--venv", type=Path, default=ROOT / ".venv-mlserver", help="MLServer's environment")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk not found: apt-get install wrk")
-    mlserver = _mlserver_environment(args.venv)
+    peers = args.peers.split(",")
+    mlserver = _mlserver_environment(args.venv) if any(p.startswith("mlserver") for p in peers) else None
     manifest = Manifest.model_validate_json((args.model_dir / "manifest.json").read_text())
     print(
-        f"# dbf-serve vs {MLSERVER} (custom runtime, same heads and fusion), model {manifest.name}, "
-        f"OIP v2 JSON tensors, wrk; median of {args.repeat} alternated runs of {args.seconds} s; "
-        f"{os.cpu_count()} cores; ratio = dbf-serve / the MLServer row above it"
+        f"# dbf-serve vs {', '.join(peers)} ({MLSERVER}; kserve's model server), same heads and fusion, "
+        f"model {manifest.name}; median of {args.repeat} alternated runs of {args.seconds} s; "
+        f"{os.cpu_count()} cores; ratio = dbf-serve / the peer's row above it"
     )
     header = f"{'case':<20}{'samples':>8}{'conc':>5} {'server':<10}{'req/s':>9}{'samples/s':>11}"
     print(header + f"{'p50 ms':>9}{'p99 ms':>9}{'ratio':>7}  notes")
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "post.lua"
         script.write_text(WRK_SCRIPT)
-        headers = {"Content-Type": "application/json"}
         for name in args.cases.split(","):
             case = CASES[name]
-            body = Path(tmp) / f"{name}.json"
-            body.write_bytes(v2_json_body(args.model_dir, case.samples))
-            path = case.path.format(model=manifest.name)
-            runs: dict[str, list] = {"mlserver": [], "mlserver-0": [], "dbf-serve": []}
+            body = Path(tmp) / f"{name}.body"
+            if case.grpc:
+                body.write_bytes(grpc_frame(grpc_request(args.model_dir, case.samples, manifest.name)))
+            else:
+                body.write_bytes(v2_json_body(args.model_dir, case.samples))
+
+            runs: dict[str, list[Load]] = {label: [] for label in (*peers, "dbf-serve")}
             for _ in range(args.repeat):
-                for workers, label in ((None, "mlserver"), (0, "mlserver-0")):
-                    with _mlserver(mlserver, args.model_dir, Path(tmp), workers) as url:
-                        runs[label].append(wrk_load(url + path, body, headers, case, args.seconds, script))
-                with Server(["service", "--model-dir", str(args.model_dir)], {}, ready_path="/ready") as url:
-                    runs["dbf-serve"].append(wrk_load(url + path, body, headers, case, args.seconds, script))
-            for label in ("mlserver", "mlserver-0"):
-                print_row(
-                    case,
-                    label,
-                    median(runs[label]),
-                    None,
-                    "" if label == "mlserver" else "parallel_workers 0",
-                )
+                for label in peers:
+                    server, grpc_port = _peer(label, mlserver, args.model_dir, Path(tmp))
+                    with server as url:
+                        runs[label].append(_load(case, body, url, grpc_port, args, script))
+                grpc_port = free_port()
+                command = ["service", "--model-dir", str(args.model_dir), "--grpc-port", str(grpc_port)]
+                with Server(command, {}, ready_path="/ready") as url:
+                    runs["dbf-serve"].append(_load(case, body, url, grpc_port, args, script))
+            for label in peers:
+                print_row(case, label, median(runs[label]), None, NOTES.get(label, ""))
                 print_row(case, "dbf-serve", median(runs["dbf-serve"]), median(runs[label]), "")
+
+
+NOTES = {"mlserver-0": "parallel_workers 0"}
+
+
+def _load(case: Case, body: Path, url: str, grpc_port: int, args: argparse.Namespace, script: Path) -> Load:
+    """One run of ``case`` against a server: over gRPC (h2load) or REST (wrk)."""
+    if case.grpc:
+        address = f"127.0.0.1:{grpc_port}"
+        check_grpc(address, body.read_bytes())
+        return h2load_load(f"http://{address}{case.path}", body, case, args.seconds)
+    path = case.path.format(model=_model_name(args.model_dir))
+    return wrk_load(url + path, body, {"Content-Type": "application/json"}, case, args.seconds, script)
+
+
+def _peer(label: str, mlserver: Path | None, model_dir: Path, tmp: Path) -> tuple[Server, int]:
+    """The peer ``label``'s server, and its gRPC port."""
+    grpc_port = free_port()
+    if label == "kserve":
+        return _kserve(model_dir, grpc_port), grpc_port
+    workers = {"mlserver": None, "mlserver-0": 0}[label]
+    return _mlserver(mlserver, model_dir, tmp, workers, grpc_port), grpc_port
+
+
+def _kserve(model_dir: Path, grpc_port: int) -> Server:
+    """KServe's model server on the model with :class:`benchmarks.kserve_runtime.DBFModel`."""
+
+    def argv(port: int) -> list[str]:
+        return [
+            sys.executable, "-m", "benchmarks.kserve_runtime", "--model-dir", str(model_dir),
+            "--http_port", str(port), "--grpc_port", str(grpc_port), "--enable_latency_logging", "false",
+        ]  # fmt: skip
+
+    return Server([], {}, argv=argv, ready_path=f"/v2/models/{_model_name(model_dir)}/ready")
+
+
+def _model_name(model_dir: Path) -> str:
+    return Manifest.model_validate_json((model_dir / "manifest.json").read_text()).name
 
 
 def _mlserver_environment(venv: Path) -> Path:
@@ -93,16 +152,17 @@ def _mlserver_environment(venv: Path) -> Path:
     return command
 
 
-def _mlserver(command: Path, model_dir: Path, tmp: Path, parallel_workers: int | None) -> Server:
+def _mlserver(
+    command: Path, model_dir: Path, tmp: Path, parallel_workers: int | None, grpc_port: int
+) -> Server:
     """MLServer serving the model with :class:`benchmarks.mlserver_runtime.DBFRuntime`."""
-    from tests.service.conftest import free_port
 
     def argv(port: int) -> list[str]:
         home = Path(tempfile.mkdtemp(dir=tmp))
         settings = {
             "host": "127.0.0.1",
             "http_port": port,
-            "grpc_port": free_port(),
+            "grpc_port": grpc_port,
             "metrics_port": free_port(),
             "debug": False,
         }

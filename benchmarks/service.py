@@ -21,6 +21,12 @@ batch size ran. ``--model-dir`` takes any model: :mod:`benchmarks.mlp_model` mak
 ``v2-json*`` cases send the same samples as Open Inference Protocol JSON tensors (as fast per sample as v1
 JSON is the goal); :mod:`benchmarks.peers` compares that path with MLServer's.
 
+``grpc*`` cases send the same samples over gRPC (ModelInfer, raw tensors) with h2load, and compare them
+with REST binary tensors (``v2-binary*``: the same samples, binary answers) on the same service process,
+loaded by wrk, in alternated pairs (``--paired`` of them, else ``--repeat``): ratio = gRPC / REST binary.
+Goal (issue 26): at least 1 at 1 and at 256 samples. h2load (Debian: ``apt-get install nghttp2-client``)
+counts HTTP statuses, and a gRPC error is HTTP 200: the request is checked once with a gRPC client first.
+
 Needs ``wrk`` (Debian: ``apt-get install wrk``). Requests carry random features in the training data's
 range, so the heads, fusion and response are the real ones.
 """
@@ -60,6 +66,9 @@ f:close()
 """
 
 
+GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
@@ -69,6 +78,7 @@ class Case:
     server_env: tuple[tuple[str, str], ...] = ()
     binary: bool = False
     v2_json: bool = False  # Open Inference Protocol tensors as JSON
+    grpc: bool = False  # Open Inference Protocol over gRPC, raw tensors: against REST binary (grpc_paired)
 
 
 CASES = {
@@ -81,6 +91,8 @@ CASES = {
     "v2-json1": Case("v2-json1", 1, 16, path="/v2/models/{model}/infer", v2_json=True),
     "v2-binary256": Case("v2-binary256", 256, 4, path="/v2/models/{model}/infer", binary=True),
     "v2-binary1024": Case("v2-binary1024", 1024, 4, path="/v2/models/{model}/infer", binary=True),
+    "grpc1": Case("grpc1", 1, 16, path=GRPC_INFER, grpc=True),
+    "grpc256": Case("grpc256", 256, 4, path=GRPC_INFER, grpc=True),
 }
 
 
@@ -140,7 +152,7 @@ def main() -> None:
             f"# service benchmark: model {manifest.name}, wrk, one uvicorn worker; per case the median of "
             f"{args.repeat} runs of {args.seconds} s, yardstick and service alternated"
         )
-    print(f"# {os.cpu_count()} cores; ratio = service / {baseline}")
+    print(f"# {os.cpu_count()} cores; ratio = service / {baseline} (grpc cases: gRPC / REST binary tensors)")
     header = f"{'case':<20}{'samples':>8}{'conc':>5} {'server':<10}{'req/s':>9}{'samples/s':>11}"
     print(header + f"{'p50 ms':>9}{'p99 ms':>9}{'ratio':>7}  notes")
     with tempfile.TemporaryDirectory() as tmp:
@@ -157,6 +169,9 @@ def main() -> None:
             elif case.v2_json:
                 body = Path(tmp) / f"{case.name}.v2.json"
                 body.write_bytes(v2_json_body(args.model_dir, case.samples))
+            if case.grpc:
+                grpc_paired(case, manifest, args, Path(tmp), script)
+                continue
             if args.paired:
                 paired(case, manifest, args, json_path, body, headers, script)
                 continue
@@ -215,6 +230,98 @@ def paired(case: Case, manifest: Manifest, args, json_path: Path, body: Path, he
     print_row(case, "against" if args.against else "yardstick", median(runs["other"]), None, "")
     notes = f"paired ratio quartiles {quartiles[0]:.2f}-{quartiles[2]:.2f}"
     print_row(case, "service", median(runs["service"]), None, notes, ratio=statistics.median(ratios))
+
+
+def grpc_paired(case: Case, manifest: Manifest, args, tmp: Path, script: Path) -> None:
+    """gRPC (h2load) against REST binary tensors (wrk) with the same samples, on one service process, in
+    alternated pairs; the ratio printed is the median of the pairs' ratios (their quartiles in the notes)."""
+    if shutil.which("h2load") is None:
+        sys.exit("h2load not found: apt-get install nghttp2-client")
+    rest_body = tmp / f"{case.name}.rest.bin"
+    content, rest_headers = _binary_body(args.model_dir, case.samples)
+    rest_body.write_bytes(content)
+    grpc_body = tmp / f"{case.name}.grpc"
+    grpc_body.write_bytes(grpc_frame(grpc_request(args.model_dir, case.samples, manifest.name)))
+    grpc_port = _free_port()
+    command = ["service", "--model-dir", str(args.model_dir), "--grpc-port", str(grpc_port)]
+    runs: dict[str, list[Load]] = {"rest-binary": [], "grpc": []}
+    with Server(command, dict(case.server_env)) as url:
+        grpc_url = f"http://127.0.0.1:{grpc_port}{case.path}"
+        check_grpc(f"127.0.0.1:{grpc_port}", grpc_body.read_bytes())
+        rest_url = url + f"/v2/models/{manifest.name}/infer"
+        for i in range(args.paired or args.repeat):
+            for side in ("grpc", "rest-binary") if i % 2 else ("rest-binary", "grpc"):
+                if side == "grpc":
+                    runs[side].append(h2load_load(grpc_url, grpc_body, case, args.seconds))
+                else:
+                    load = wrk_load(rest_url, rest_body, rest_headers, case, args.seconds, script)
+                    runs[side].append(load)
+    ratios = [
+        g.requests_per_s / r.requests_per_s for g, r in zip(runs["grpc"], runs["rest-binary"], strict=True)
+    ]
+    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    print_row(case, "rest-bin", median(runs["rest-binary"]), None, "wrk, binary tensors")
+    notes = f"h2load; paired ratio quartiles {quartiles[0]:.2f}-{quartiles[2]:.2f}"
+    print_row(case, "grpc", median(runs["grpc"]), None, notes, ratio=statistics.median(ratios))
+
+
+def grpc_request(model_dir: Path, n: int, model: str) -> bytes:
+    """The same samples as :func:`_binary_body`, as a ModelInferRequest with raw tensors (as tritonclient
+    sends them), all outputs asked for."""
+    from service.proto import grpc_predict_v2_pb2 as pb
+
+    request = pb.ModelInferRequest(model_name=model)
+    for view, features in sample_features(model_dir, n).items():
+        request.inputs.add(name=view, datatype="FP32", shape=features.shape)
+        request.raw_input_contents.append(np.ascontiguousarray(features, "<f4").tobytes())
+    return request.SerializeToString()
+
+
+def grpc_frame(message: bytes) -> bytes:
+    """A gRPC message on the wire (what h2load sends as the body): not compressed, its length, itself."""
+    return b"\0" + len(message).to_bytes(4, "big") + message
+
+
+def check_grpc(address: str, framed: bytes) -> None:
+    """One ModelInfer with the body h2load will send, by a gRPC client: it must succeed (h2load cannot
+    tell: a gRPC error is HTTP 200)."""
+    import grpc
+
+    with grpc.insecure_channel(address) as channel:
+        infer = channel.unary_unary(GRPC_INFER)  # bytes in, bytes out
+        infer(framed[5:], timeout=30)  # raises on any status but OK
+
+
+def h2load_load(url: str, body: Path, case: Case, seconds: int) -> Load:
+    """h2load's load of ``url`` with gRPC calls of ``body`` (a framed message): ``case.concurrency``
+    connections of one stream each (as wrk's connections), after 2 s of warm-up; percentiles from its
+    per-request log."""
+    with tempfile.NamedTemporaryFile(suffix=".log") as log:
+        command = [
+            "h2load", "-t1", f"-c{case.concurrency}", "-m1", f"-D{seconds}", "--warm-up-time=2",
+            "-H", "content-type: application/grpc", "-H", "te: trailers", "-d", str(body),
+            f"--log-file={log.name}", url,
+        ]  # fmt: skip
+        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        times = sorted(
+            int(line.split()[2]) / 1000 for line in Path(log.name).read_text().splitlines() if line
+        )
+    done = re.search(
+        r"requests: \d+ total, \d+ started, \d+ done, (\d+) succeeded, (\d+) failed, (\d+) errored", out
+    )
+    return Load(
+        requests_per_s=float(re.search(r"finished in [\d.]+\w*, ([\d.]+) req/s", out).group(1)),
+        p50_ms=times[len(times) // 2],
+        p99_ms=times[min(len(times) - 1, int(0.99 * len(times)))],
+        non_2xx=int(done.group(2)) + int(done.group(3)),
+        errors="",
+    )
+
+
+def _free_port() -> int:
+    from tests.service.conftest import free_port
+
+    return free_port()
 
 
 def _inside_checkout(model_dir: Path) -> Path:
@@ -315,7 +422,8 @@ class Server:
                 str(self.port),
             ]
             self.command += ["--log-level", "warning"]
-        self.env = {**os.environ, **env}
+        # No gRPC unless asked (--grpc-port): its default port, 8081, may be another server's here.
+        self.env = {**os.environ, "DBF_GRPC_PORT": "0", **env}
         self.ready_path = ready_path
         self.cwd = cwd  # the checkout whose code runs (python -m imports from it)
 

@@ -1,5 +1,5 @@
-"""``python -m service --host H --port P [--workers N|auto] [--model-dir DIR] [--device auto|cuda|cpu]``;
-defaults from ``DBF_*``."""
+"""``python -m service --host H --port P [--grpc-port G] [--workers N|auto] [--model-dir DIR]
+[--device auto|cuda|cpu]``; defaults from ``DBF_*``."""
 
 from __future__ import annotations
 
@@ -32,6 +32,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default=defaults.host)
     parser.add_argument("--port", type=int, default=defaults.port)
     parser.add_argument(
+    parser.add_argument(
+        "--grpc-port", type=int, default=defaults.grpc_port, help="gRPC (Open Inference Protocol); 0: none"
+    )
+    parser.add_argument(
         "--workers",
         type=_workers,
         default=defaults.workers,
@@ -51,6 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     # Each worker process builds the app from the environment: hand the command line's choices on.
     os.environ["DBF_MODEL_DIR"] = str(args.model_dir)
     os.environ["DBF_DEVICE"] = args.device
+    os.environ["DBF_GRPC_PORT"] = str(args.grpc_port)
     if args.workers == "auto":
         args.workers = available_cores()
     if args.workers > 1:

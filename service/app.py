@@ -12,12 +12,12 @@ from typing import Any
 import anyio
 from fastapi import Depends, FastAPI
 
-from service import metrics
+from service import grpc_server, metrics
 from service.api import errors, openapi
 from service.api.routes import OPEN, PROTECTED
 from service.auth import require_api_key
 from service.dataplane import DataPlane
-from service.reload import ModelLoads, serve, watch_repository
+from service.reload import serve, watch_repository
 from service.repository import ModelLoadError, load_repository, repository_fingerprint
 from service.settings import Settings
 
@@ -33,17 +33,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Before loading: a change made while the models load is then seen, and reloaded, by the watcher.
         seen = repository_fingerprint(settings.model_dir) if settings.reload_poll_seconds > 0 else ()
         try:
-            serve(app, load_repository(settings))
+            serve(plane, load_repository(settings))
         except ModelLoadError as error:
             # Like Triton on a load error: log the file at fault and refuse to start (uvicorn exits non-zero).
             log.error("model repository failed to load: %s", error)
             raise SystemExit(1) from None
+        front_end = await _start_grpc(plane, settings) if settings.grpc_port else None
         async with anyio.create_task_group() as tasks:
             if settings.reload_poll_seconds > 0:
-                tasks.start_soon(watch_repository, app, settings.reload_poll_seconds, seen)
+                tasks.start_soon(watch_repository, plane, settings.reload_poll_seconds, seen)
             yield
             tasks.cancel_scope.cancel()
-        await app.state.loads.wait_stopped(within=1.0)  # a reload cut by the shutdown: its load stops
+        if front_end is not None:  # HTTP has drained; gRPC's calls in progress get as long
+            await front_end.stop(settings.graceful_shutdown_seconds)
+        await plane.loads.wait_stopped(within=1.0)  # a reload cut by the shutdown: its load stops
 
     # No slash redirects: a redirect would be built from the client's Host header, and no route needs one.
     # The documentation is served by service.api.routes.docs, behind the API key when there is one.
@@ -57,9 +60,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.state.settings = settings
-    app.state.dataplane = DataPlane(settings)
-    app.state.reload_lock = anyio.Lock()
-    app.state.loads = ModelLoads()
+    app.state.dataplane = plane = DataPlane(settings)
     errors.install(app)
     # Without an API key there is nothing to check, so no dependency to solve on every request.
     guard = [Depends(require_api_key)] if settings.api_key is not None else []
@@ -70,6 +71,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     metrics.BUILD.labels(_version()).set(1)
     app.openapi = lambda: _openapi(app)
     return app
+
+
+async def _start_grpc(plane: DataPlane, settings: Settings) -> grpc_server.GrpcFrontEnd:
+    """The gRPC front end on ``DBF_GRPC_PORT``, or exit 1 (as for a load error) if it cannot bind."""
+    try:
+        return await grpc_server.start(plane, settings, _version())
+    except RuntimeError as error:
+        log.error(
+            "cannot serve gRPC on port %d (DBF_GRPC_PORT; 0 turns it off): %s", settings.grpc_port, error
+        )
+        raise SystemExit(1) from None
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import Annotated
 from fastapi import Request, Security
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import SecretStr
 from starlette.routing import Match
 from starlette.types import Receive, Scope, Send
 
@@ -32,15 +33,27 @@ _BEARER = HTTPBearer(auto_error=False, description="DBF_API_KEY, when the servic
 async def require_api_key(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)]
 ) -> None:
-    key = request.app.state.settings.api_key
+    verify_token(None if credentials is None else credentials.credentials, request.app.state.settings.api_key)
+
+
+def verify_token(token: str | None, key: SecretStr | None) -> None:
+    """The one check of a bearer ``token`` (None: none sent) against ``DBF_API_KEY``, for every protocol
+    (the gRPC front end reads it from the ``authorization`` metadata: :func:`bearer_token`)."""
     if key is None:
         return
     challenge = {"WWW-Authenticate": "Bearer"}
-    if credentials is None:
+    if token is None:
         raise Unauthorized("this endpoint needs 'Authorization: Bearer <DBF_API_KEY>'", headers=challenge)
     # Constant time: how long the comparison takes says nothing about how much of the token was right.
-    if not hmac.compare_digest(credentials.credentials.encode(), key.get_secret_value().encode()):
+    if not hmac.compare_digest(token.encode(), key.get_secret_value().encode()):
         raise Unauthorized("invalid bearer token", headers=challenge)
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` value (the scheme in any case, as HTTPBearer
+    reads it); None for none or another scheme."""
+    scheme, _, token = (authorization or "").partition(" ")
+    return token if scheme.lower() == "bearer" and token else None
 
 
 async def check_api_key(request: Request) -> None:

@@ -4,8 +4,11 @@ Like Triton's dynamic batcher: requests wait in a queue (bounded by the service'
 batch closes when it holds ``max_samples`` samples or its first request has waited ``max_delay`` seconds.
 A batch takes one of the ``limiter``'s slots (an inference thread) while it runs; while all are taken, the
 queue keeps filling, so batches grow with the load and an idle service adds no delay (``max_delay`` 0: a
-batch is whatever has arrived by the time a slot is free). Where a batch runs, on a thread or on the event
-loop, is ``run``'s choice (:meth:`service.dataplane.DataPlane.predict`).
+batch is whatever has arrived by the time a slot is free). A request may ask its batch to wait longer
+(``delay``): a front end whose concurrent requests reach the core one at a time, as gRPC's do (each call
+is accepted, then its message received, one completion after another), would otherwise batch none of them.
+Where a batch runs, on a thread or on the event loop, is ``run``'s choice
+(:meth:`service.dataplane.DataPlane.predict`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ class _Waiting:
     model: LoadedModel
     request: InferenceRequest
     future: asyncio.Future[Result]
+    delay: float
 
 
 @dataclass
@@ -39,7 +43,7 @@ class MicroBatcher:
     _queues: dict[tuple, list[_Waiting]] = field(default_factory=dict)
     _tasks: set[asyncio.Task] = field(default_factory=set)
 
-    async def submit(self, model: LoadedModel, request: InferenceRequest) -> Result:
+    async def submit(self, model: LoadedModel, request: InferenceRequest, delay: float = 0.0) -> Result:
         future = asyncio.get_running_loop().create_future()
         key = (model.name, id(model), request.method, request.lam, request.coverage)
         queue = self._queues.get(key)
@@ -48,15 +52,16 @@ class MicroBatcher:
             task = asyncio.create_task(self._drain(key, queue))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        queue.append(_Waiting(model, request, future))
+        queue.append(_Waiting(model, request, future, delay))
         return await future
 
     async def _drain(self, key: tuple, queue: list[_Waiting]) -> None:
         """Close batches from ``queue`` until it is empty, then retire it."""
         try:
             while queue:
-                if self.max_delay > 0 and sum(len(w.request) for w in queue) < self.max_samples:
-                    await asyncio.sleep(self.max_delay)
+                delay = max(self.max_delay, max(w.delay for w in queue))
+                if delay > 0 and sum(len(w.request) for w in queue) < self.max_samples:
+                    await asyncio.sleep(delay)
                 token = object()  # the batch's own token: _run releases it from another task
                 await self.limiter.acquire_on_behalf_of(token)  # a free slot; meanwhile requests arrive
                 taken, size = [], 0

@@ -1,17 +1,18 @@
-"""The core that knows no protocol (as KServe's DataPlane): which models are served, admission (load
-shedding, the body memory budget), micro-batching, the inference threads and the request metrics, once for
-every protocol. A codec turns a body into an :class:`~service.inference.InferenceRequest` and a
-:class:`~service.inference.Result` into an answer; everything between is here.
+"""The core that knows no protocol (as KServe's DataPlane): which models are served, the request pipeline
+(:meth:`DataPlane.serve`: find the model, let the codec refuse what it cannot take, receive the body, admit,
+decode, micro-batch, predict, encode), admission (load shedding, the body memory budget), the inference
+threads, reloads and the request metrics, once for every protocol. A front end (the REST routes, the gRPC
+servicer) is a :class:`Codec` and an entry point that hands its requests to :meth:`DataPlane.serve`.
 """
 
 from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractAsyncContextManager, contextmanager
 from functools import partial
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar
 
 import anyio
 
@@ -19,7 +20,8 @@ from calibration import CoverageError, conformal_rank
 from service import metrics, runtime
 from service.batching import MicroBatcher
 from service.errors import InvalidInput, ModelNotFound, NotReady, Overloaded, PayloadTooLarge
-from service.inference import InferenceRequest, Result
+from service.inference import InferenceRequest, ModelSignature, Result
+from service.reload import ModelLoads
 from service.repository import LoadedModel, Repository
 from service.settings import Settings
 
@@ -39,6 +41,28 @@ INLINE_PREDICT_FEATURES = 32 * 1024
 # body's bytes; encoding to the answer's numbers (samples x numbers per sample), whatever the body's size.
 INLINE_BODY_BYTES = 16 * 1024
 INLINE_ANSWER_VALUES = 4096
+
+
+class Codec(Protocol):
+    """A protocol's wire format over the core (:mod:`service.v1`, :mod:`service.v2`,
+    :mod:`service.grpc_codec`): modules with these functions, and the name its requests are counted under."""
+
+    PROTOCOL: str  # the ``protocol`` label of the request metrics
+
+    def accept(self, headers: Mapping[str, str]) -> None:
+        """Refuse, before the body is received, what this protocol does not take."""
+
+    def decode(
+        self, body: Any, headers: Mapping[str, str], signature: ModelSignature, *, max_samples: int
+    ) -> tuple[InferenceRequest, Any]:
+        """The request in a received body (whose ``len`` is its size in bytes), and the context to answer
+        it with."""
+
+    def encode(self, context: Any, result: Result) -> Any:
+        """The answer to a decoded request: what the front end sends."""
+
+    def locate(self, error: InvalidInput, context: Any) -> InvalidInput:
+        """A core error about one sample's view, worded in the protocol's grammar."""
 
 
 class BodyBudget:
@@ -68,6 +92,9 @@ class DataPlane:
         self.settings = settings
         self.repository: Repository | None = None
         self.load_error = "models are loading"
+        # Reloads (service.reload): one at a time, each load in a thread of its own.
+        self.reload_lock = anyio.Lock()
+        self.loads = ModelLoads()
         self.in_flight = 0
         self.bodies = BodyBudget(settings.body_memory_bytes, settings.retry_after_seconds)
         self._limiter = anyio.CapacityLimiter(settings.inference_threads)
@@ -105,10 +132,46 @@ class DataPlane:
             )
         return model
 
+    async def serve(
+        self,
+        codec: Codec,
+        name: str | None,
+        version: str | None,
+        headers: Mapping[str, str],
+        received: AbstractAsyncContextManager[Any],
+        *,
+        batch_delay: float = 0.0,
+    ) -> Any:
+        """One inference request in ``codec``'s protocol for the model ``name`` (the default for None) at
+        ``version`` (any for None): its answer, as ``codec.encode`` makes it. ``received`` gives the body
+        (and holds its bytes in :attr:`bodies` until the answer is made); the front end receives it.
+        ``batch_delay``: seconds its micro-batch waits for others (:mod:`service.batching`)."""
+        model = self.model(name, version)
+        codec.accept(headers)
+        # The slot is taken once the body is in: a slow upload holds its connection, never a predict slot.
+        async with received as body:
+            with self.admitted(model, codec.PROTOCOL):
+                decoded, context = await self.run(
+                    codec.decode,
+                    body,
+                    headers,
+                    model.signature,
+                    max_samples=self.settings.max_samples,
+                    inline=len(body) <= INLINE_BODY_BYTES,
+                )
+                try:
+                    result = await self.infer(model, decoded, batch_delay)
+                except InvalidInput as error:
+                    if error.sample is None:
+                        raise
+                    raise codec.locate(error, context) from None
+                small = len(result) * model.values_per_sample <= INLINE_ANSWER_VALUES
+                return await self.run(codec.encode, context, result, inline=small)
+
     @contextmanager
-    def admitted(self, model: LoadedModel) -> Iterator[None]:
+    def admitted(self, model: LoadedModel, protocol: str = "rest") -> Iterator[None]:
         """Count the request in flight, or shed it at once with 503 + Retry-After when too many are; its
-        time inside is the request latency of the model."""
+        time inside is the request latency of the model, counted under ``protocol``."""
         settings = self.settings
         if self.in_flight >= settings.max_in_flight:
             raise Overloaded(
@@ -122,17 +185,17 @@ class DataPlane:
             yield
         finally:
             self.in_flight -= 1
-            metrics.REQUEST_SECONDS.labels(model.name).observe(time.perf_counter() - started)
+            metrics.REQUEST_SECONDS.labels(model.name, protocol).observe(time.perf_counter() - started)
 
-    async def infer(self, model: LoadedModel, request: InferenceRequest) -> Result:
-        """Heads, fusion, flag and calibration for ``request``: micro-batched with others when small, else
-        alone, off the event loop either way."""
+    async def infer(self, model: LoadedModel, request: InferenceRequest, batch_delay: float = 0.0) -> Result:
+        """Heads, fusion, flag and calibration for ``request``: micro-batched with others when small (its
+        batch waiting ``batch_delay`` seconds for more), else alone, off the event loop either way."""
         _check_answer(model, len(request), self.settings.max_answer_values)
         if request.coverage is not None:
             _check_coverage(model, request.coverage)
         metrics.BATCH_SIZE.labels(model.name).observe(len(request))
         if self._batcher is not None and len(request) * request.present.shape[1] <= BATCHED_SAMPLE_VIEWS:
-            return await self._batcher.submit(model, request)
+            return await self._batcher.submit(model, request, batch_delay)
         return await self.predict(model, request, limiter=self._limiter)
 
     async def predict(

@@ -3,10 +3,15 @@ arrays. numpy only, so that codecs and clients can use these without the server'
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from functools import cached_property
+from typing import Any
 
 import numpy as np
+
+from service.errors import InvalidInput
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,34 @@ class ModelSignature:
     def view_dims(self) -> np.ndarray:
         """(V,) each view's dimension."""
         return np.array([view.dim for view in self.views])
+
+
+def request_options(
+    given: Mapping[str, Any], signature: ModelSignature, name: Callable[[str], str]
+) -> tuple[str, float, float | None]:
+    """A request's fusion method, lambda and coverage from ``given`` (what it sent, as JSON values: an
+    option left out is the model's default), checked the one way for every protocol; ``name`` words an
+    option's place in the protocol's grammar (``'lambda'`` in v1, ``parameters.lambda`` in v2 and gRPC)."""
+    method = given.get("method", signature.method)
+    if method not in signature.methods:
+        expected = ", ".join(signature.methods)
+        raise InvalidInput(f"{name('method')}: unknown method {method!r}; expected one of {expected}")
+    lam = given.get("lambda", signature.lam)
+    if not (_number(lam) and lam > 0):
+        shown = repr(lam) if len(repr(lam)) <= 40 else f"{repr(lam)[:40]}..."
+        raise InvalidInput(f"{name('lambda')} must be a positive finite number, got {shown}")
+    coverage = given.get("coverage")  # null is no number: refused, as for method and lambda
+    if "coverage" in given and not (_number(coverage) and 0 < coverage < 1):
+        raise InvalidInput(f"{name('coverage')} must be a number between 0 and 1, got {coverage!r}")
+    return method, float(lam), None if coverage is None else float(coverage)
+
+
+def _number(value: Any) -> bool:
+    """A finite int or float (not a bool); an integer beyond float64 (10**309) is as refused as infinity."""
+    try:
+        return type(value) in (int, float) and math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 @dataclass(frozen=True)

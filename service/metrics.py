@@ -53,7 +53,9 @@ BATCH_SIZE = Histogram(
     ["model"],
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
 )
-REQUEST_SECONDS = Histogram("dbf_request_duration_seconds", "Predict request latency.", ["model"])
+# By the protocol the request came in: "rest" (v1 and v2 over HTTP) or "grpc" (service/grpc_codec.py).
+PROTOCOLS = ("rest", "grpc")
+REQUEST_SECONDS = Histogram("dbf_request_duration_seconds", "Predict request latency.", ["model", "protocol"])
 ERRORS = Counter("dbf_errors", "Error responses by reason.", ["reason"])
 RELOADS = Counter("dbf_model_reloads", "Model repository reloads, by outcome.", ["outcome"])
 # Connection level (service/server.py).
@@ -104,7 +106,8 @@ def initialise(
         FLAG_CLEAN_RATE.labels(model).set(rate)
     for model, views in models.items():
         BATCH_SIZE.labels(model)
-        REQUEST_SECONDS.labels(model)
+        for protocol in PROTOCOLS:
+            REQUEST_SECONDS.labels(model, protocol)
         CONFIDENCE.labels(model)
         SET_SIZE.labels(model)
         for method in methods:

@@ -11,22 +11,24 @@ import gc
 import logging
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
-from fastapi import FastAPI
 
 from fusion import METHODS
 from service import errors, metrics
 from service.repository import ModelLoadError, Repository, load_repository, repository_fingerprint
 from service.settings import Settings
 
+if TYPE_CHECKING:
+    from service.dataplane import DataPlane
+
 log = logging.getLogger("dbf.reload")
 
 T = TypeVar("T")
 
 
-def serve(app: FastAPI, repository: Repository) -> None:
+def serve(plane: DataPlane, repository: Repository) -> None:
     """Make ``repository`` the one requests use, in one assignment: a request already running keeps the
     model it started with, every later one gets the new. Metric series follow the new models."""
     loaded = repository.models.values()
@@ -42,7 +44,7 @@ def serve(app: FastAPI, repository: Repository) -> None:
         errors.REASONS,
         {m.name: m.manifest.conflict_flag.target_false_positive_rate for m in loaded},
     )
-    app.state.dataplane.repository = repository
+    plane.repository = repository
     # The application and its models live on: keep them out of the garbage collector's full passes, which
     # otherwise walk every object at each one (a stalled event loop: the p99 latency under load).
     # Frozen objects are still freed by reference counting when a reload drops them.
@@ -72,16 +74,16 @@ def _malloc_trim() -> Callable[[int], int] | None:
 _MALLOC_TRIM = _malloc_trim()
 
 
-async def reload_repository(app: FastAPI) -> Repository:
+async def reload_repository(plane: DataPlane) -> Repository:
     """Verify and load the model directory afresh, then swap it in; on any error, or past
     ``DBF_RELOAD_TIMEOUT_SECONDS``, the models being served stay (:class:`ReloadFailed` says why). One
     reload at a time."""
-    settings = app.state.settings
+    settings = plane.settings
     try:
         with anyio.move_on_after(settings.reload_timeout_seconds) as deadline:
-            async with app.state.reload_lock:
-                repository = await app.state.loads.load(settings)
-                serve(app, repository)
+            async with plane.reload_lock:
+                repository = await plane.loads.load(settings)
+                serve(plane, repository)
         if deadline.cancelled_caught:
             raise ModelLoadError(
                 f"not done within {settings.reload_timeout_seconds:g} s (DBF_RELOAD_TIMEOUT_SECONDS): a file "
@@ -165,14 +167,14 @@ def _settle(done: asyncio.Future, result: object, error: BaseException | None) -
         done.set_result(result)
 
 
-async def watch_repository(app: FastAPI, every: float, seen: tuple) -> None:
+async def watch_repository(plane: DataPlane, every: float, seen: tuple) -> None:
     """Reload when a file of the model directory changes from ``seen``, its fingerprint when the models
     being served were loaded (each worker process watches for itself)."""
-    model_dir = app.state.settings.model_dir
+    model_dir = plane.settings.model_dir
     while True:
         await anyio.sleep(every)
         now = await in_daemon_thread(lambda: repository_fingerprint(model_dir))
         if now != seen:
             seen = now
             with contextlib.suppress(errors.ReloadFailed):  # logged and counted; the old models serve on
-                await reload_repository(app)
+                await reload_repository(plane)

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import asyncio
 import http
-import json
 import logging
 import resource
 from collections import OrderedDict
@@ -62,8 +61,9 @@ from uvicorn.supervisors import Multiprocess
 
 from service import metrics
 from service.api.direct import DirectRoutes
-from service.api.errors import error_response
+from service.api.errors import error_body, error_response
 from service.api.routes import DIRECT
+from service.lengths import declared_length
 from service.settings import Settings
 
 # uvicorn's HttpToolsProtocol and Multiprocess, subclassed here, are not public API: pyproject.toml bounds
@@ -338,8 +338,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         """Answer ``status`` in the error format and close: the rest of what the client sends is not read."""
         self._cancel_deadline()
         self._unset_keepalive_if_required()
-        metrics.ERRORS.labels(reason=reason).inc()
-        body = json.dumps({"error": {"type": reason, "message": message}}).encode()
+        body = error_body("", reason, message)  # the path is not known (or not read) yet
         head = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\n".encode()]
         head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
         head.append(
@@ -430,8 +429,7 @@ def _declared_length(headers: list[tuple[bytes, bytes]]) -> int | None:
     """The body's declared length: 0 for none, None when chunked (unknown until it ends)."""
     for name, value in headers:
         if name == b"content-length":
-            digits = value.lstrip(b"0")  # httptools has checked they are digits
-            return int(digits or b"0") if len(digits) <= 18 else 10**18  # int() of 4300+ digits raises
+            return declared_length(value.decode("latin-1")) or 0  # httptools has checked they are digits
         if name == b"transfer-encoding":
             return None
     return 0

@@ -17,6 +17,9 @@ class Settings(BaseSettings):
 
     host: str = Field(default="127.0.0.1", description="address to listen on (0.0.0.0: every interface)")
     port: int = Field(default=8000, ge=0, le=65535, description="HTTP port")
+    # The Open Inference Protocol over gRPC (service/grpc_server.py), on DBF_HOST too; 8081 as KServe's and
+    # MLServer's. 0 serves no gRPC.
+    grpc_port: int = Field(default=8081, ge=0, le=65535, description="gRPC port; 0: no gRPC")
     workers: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
         default=1,
         description="uvicorn worker processes (metrics add up across them); auto: one per core this process "
@@ -66,6 +69,11 @@ class Settings(BaseSettings):
     batching: bool = Field(default=True, description="micro-batch concurrent small requests")
     batch_max_samples: int = Field(default=256, ge=1, description="samples in one micro-batch, at most")
     batch_max_delay_ms: float = Field(default=0.0, ge=0, description="a batch's longest wait for more")
+    # gRPC's calls reach the core one at a time (grpc.aio accepts a call, then receives its message, each a
+    # completion of its own): without a wait, concurrent calls are never batched together.
+    grpc_batch_delay_ms: float = Field(
+        default=1.0, ge=0, description="a batch holding a gRPC call waits this long for more"
+    )
     # Hot reload: POST /v1/admin/reload, or a poll of the model directory every this many seconds (0: off).
     reload_poll_seconds: float = Field(default=0.0, ge=0, description="seconds between polls (0: off)")
     # A reload not done by then is refused (409) and its load abandoned: a file that blocks on read (a hung

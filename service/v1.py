@@ -22,10 +22,11 @@ import orjson
 
 from service import json_numbers
 from service.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
-from service.inference import InferenceRequest, ModelSignature, Result
+from service.inference import InferenceRequest, ModelSignature, Result, request_options
 from service.outputs import FIELDS, json_array, slices
 from service.schemas import PredictRequest
 
+PROTOCOL = "rest"  # the protocol label of its requests' metrics
 MEDIA_TYPE = "application/json"
 _JSON = {"content-type": MEDIA_TYPE}
 # The body's fields, as the wire type spells them (the strict decoder refuses any other).
@@ -225,17 +226,8 @@ def _too_many(n: int, max_samples: int) -> str:
 
 
 def _options(payload: dict, signature: ModelSignature) -> tuple[str, float, float | None]:
-    """The request's fusion (method, lambda) and coverage, checked (numbers arrive as floats)."""
-    method = payload.get("method", signature.method)
-    if method not in signature.methods:
-        raise InvalidInput(f"unknown method {method!r}; expected one of {', '.join(signature.methods)}")
-    lam = payload.get("lambda", signature.lam)
-    if type(lam) is not float or not math.isfinite(lam) or lam <= 0:
-        raise InvalidInput(f"'lambda' must be a positive finite number, got {lam!r}")
-    coverage = payload.get("coverage")  # null is no number: refused, as for method and lambda
-    if "coverage" in payload and (type(coverage) is not float or not 0 < coverage < 1):
-        raise InvalidInput(f"'coverage' must be a number between 0 and 1, got {coverage!r}")
-    return method, float(lam), coverage
+    """The request's fusion (method, lambda) and coverage, checked by the core (v1 names them quoted)."""
+    return request_options(payload, signature, repr)
 
 
 def _vector(values: Any, dim: int, where: str) -> np.ndarray:

@@ -22,7 +22,6 @@ object is refused (as v1 does), never read as the last of the two.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,16 +30,15 @@ import msgspec
 import numpy as np
 
 from service.errors import InvalidInput, PayloadTooLarge
-from service.inference import InferenceRequest, ModelSignature, Result
+from service.inference import InferenceRequest, ModelSignature, Result, request_options
+from service.lengths import MAX_DIGITS, declared_length
 from service.outputs import DTYPES, TENSORS, Output, json_array, slices
 from service.schemas import InferRequest
 
+PROTOCOL = "rest"  # the protocol label of its requests' metrics
 HEADER_LENGTH = "inference-header-content-length"
 BINARY_MEDIA_TYPE = "application/octet-stream"
 JSON_MEDIA_TYPE = "application/json"
-# Longer than any body this service takes: a longer header cannot be a length we accept (and int() of a
-# 5000-digit string would raise rather than refuse).
-_MAX_LENGTH_DIGITS = 18
 _DECODER = msgspec.json.Decoder(InferRequest)
 _FLAT = msgspec.json.Decoder(list[float])  # the usual JSON tensor: flat, as tritonclient and kserve send it
 _NESTED = msgspec.json.Decoder(list[list[float]])  # nested as its [N, dim] shape
@@ -76,6 +74,22 @@ def decode(
     # any error.
     fast = _read_fast(header) if length is None and len(header) >= _FAST_READ_BYTES else None
     request, flat = fast if fast is not None else (_request(header), {})
+    return tensors_request(request, flat, binary, signature, max_samples, binary_request=length is not None)
+
+
+def tensors_request(
+    request: InferRequest,
+    flat: dict[int, np.ndarray],
+    binary: bytes,
+    signature: ModelSignature,
+    max_samples: int,
+    *,
+    binary_request: bool,
+) -> tuple[InferenceRequest, Context]:
+    """An Open Inference Protocol request, read off its wire (REST's JSON and binary tensors here, gRPC's
+    messages in :mod:`service.grpc_codec`), checked against the model: its inputs' data are ``flat``'s
+    arrays (by input position; numbers already read), else binary (``binary_data_size`` bytes of
+    ``binary`` each, in input order), else their JSON ``data``."""
     method, lam, coverage = _options(request.parameters, signature)
     views, index = signature.views, signature.view_index
     with np.errstate(over="ignore"):  # values beyond float32 become infinity, refused as not finite
@@ -86,7 +100,7 @@ def decode(
     present = np.zeros((n, len(views)), dtype=bool)
     for name in arrays:
         present[:, index[name]] = True
-    outputs, binary_outputs = _outputs(request, signature, binary_request=length is not None)
+    outputs, binary_outputs = _outputs(request, signature, binary_request=binary_request)
     context = Context(signature, request.id, outputs, binary_outputs, tuple(t.name for t in request.inputs))
     return InferenceRequest(features, present, method, lam, coverage), context
 
@@ -167,10 +181,12 @@ def header_length(text: str | None, body_size: int) -> int | None:
     """``Inference-Header-Content-Length``: None if absent, else a length within the body, or a 400."""
     if text is None:
         return None
-    if not (text.isascii() and text.isdigit() and len(text) <= _MAX_LENGTH_DIGITS) or int(text) > body_size:
+    # Leading zeros too count: a header longer than any length we accept is refused as it is.
+    length = declared_length(text) if len(text) <= MAX_DIGITS else None
+    if length is None or length > body_size:
         shown = text if len(text) <= 40 else f"{text[:40]}... ({len(text)} characters)"
         raise InvalidInput(f"Inference-Header-Content-Length {shown!r} does not fit a {body_size}-byte body")
-    return int(text)
+    return length
 
 
 def _request(header: bytes) -> InferRequest:
@@ -394,23 +410,13 @@ def _offered(signature: ModelSignature) -> dict[str, Output]:
 
 
 def _options(parameters: dict[str, Any], signature: ModelSignature) -> tuple[str, float, float | None]:
-    method = parameters.get("method", signature.method)
-    if method not in signature.methods:
-        raise InvalidInput(
-            f"parameters.method: unknown method {method!r}; expected one of {', '.join(signature.methods)}"
-        )
-    lam = parameters.get("lambda", signature.lam)
-    try:  # an integer beyond float64 (10**309) overflows: as refused as infinity
-        finite = type(lam) in (int, float) and math.isfinite(float(lam))
-    except OverflowError:
-        finite = False
-    if not finite or lam <= 0:
-        shown = repr(lam) if len(repr(lam)) <= 40 else f"{repr(lam)[:40]}..."
-        raise InvalidInput(f"parameters.lambda must be a positive finite number, got {shown}")
-    coverage = parameters.get("coverage")  # null is no number: refused, as for method and lambda
-    if "coverage" in parameters and not (type(coverage) in (int, float) and 0 < coverage < 1):
-        raise InvalidInput(f"parameters.coverage must be a number between 0 and 1, got {coverage!r}")
-    return method, float(lam), None if coverage is None else float(coverage)
+    """The request's fusion (method, lambda) and coverage, checked by the core."""
+    return request_options(parameters, signature, parameter_name)
+
+
+def parameter_name(option: str) -> str:
+    """A request option's place in the Open Inference Protocol (REST and gRPC): among the parameters."""
+    return f"parameters.{option}"
 
 
 def _outputs(

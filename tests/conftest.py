@@ -16,6 +16,11 @@ settings.register_profile(
 )
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
+# The services tests start (in this process or as `python -m service`, which inherits it) serve no gRPC
+# unless a test asks for it (grpc_port=, --grpc-port): the default port, 8081, would be every service's, and
+# may be another program's.
+os.environ["DBF_GRPC_PORT"] = "0"
+
 
 def _data_dir() -> Path:
     return Path(os.environ.get("DBF_DATA_DIR", "data")).resolve()

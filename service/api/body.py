@@ -16,9 +16,8 @@ from starlette.requests import ClientDisconnect, Request
 
 from service.dataplane import INLINE_BODY_BYTES, DataPlane
 from service.errors import InvalidInput, PayloadTooLarge, RequestTimeout, UnsupportedMediaType
+from service.lengths import declared_length
 
-# A length of more digits than this is over any limit (and int() of thousands of digits raises).
-_MAX_DIGITS = 18
 _WBITS = {"gzip": (16 + zlib.MAX_WBITS,), "deflate": (zlib.MAX_WBITS, -zlib.MAX_WBITS)}  # zlib, else raw
 _GZIP_MAGIC = b"\x1f\x8b"  # how each gzip member begins
 _NOT_ZERO = re.compile(rb"[^\x00]")  # gzip members may be padded with zero bytes (gzip.decompress skips them)
@@ -226,13 +225,14 @@ def content_length(text: str | None, limit: int) -> int | None:
     if text is None:
         return None
     digits = text.strip()
-    if not (digits.isascii() and digits.isdigit()):
+    length = declared_length(digits)
+    if length is None:
         raise InvalidInput(f"Content-Length {digits[:40]!r} is not a number of bytes")
-    significant = digits.lstrip("0") or "0"
-    if len(significant) > _MAX_DIGITS or int(significant) > limit:
+    if length > limit:
+        significant = digits.lstrip("0")
         shown = significant if len(significant) <= 40 else f"a {len(significant)}-digit number of"
         raise PayloadTooLarge(too_large(f"body of {shown} bytes", limit))
-    return int(significant)
+    return length
 
 
 def too_large(what: str, limit: int) -> str:

@@ -25,12 +25,17 @@ def error_response(
     path: str, status: int, type_: str, message: str, headers: dict[str, str] | None = None
 ) -> Response:
     """The error answer in the protocol of a request for ``path``, counted by reason."""
+    body = error_body(path, type_, message)
+    return Response(body, status_code=status, headers=headers, media_type="application/json")
+
+
+def error_body(path: str, type_: str, message: str) -> bytes:
+    """The JSON error body in the protocol of a request for ``path`` (any other for ""), counted by reason:
+    for :func:`error_response`, and for the answers the server writes itself (:mod:`service.server`)."""
     metrics.ERRORS.labels(reason=type_).inc()
     if path.startswith(V2_PREFIX):
-        body = orjson.dumps({"error": message})
-    else:
-        body = orjson.dumps({"error": {"type": type_, "message": message}})
-    return Response(body, status_code=status, headers=headers, media_type="application/json")
+        return orjson.dumps({"error": message})
+    return orjson.dumps({"error": {"type": type_, "message": message}})
 
 
 def answer(path: str, error: Exception) -> Response:

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from tests.docs.examples import ROOT, Block, blocks, pages
-from tests.service.conftest import MODELS, running_service
+from tests.service.conftest import MODELS, free_port, running_service
 
 _ADDRESS = re.compile(r"(?:localhost|127\.0\.0\.1):8000\b")
+_GRPC_ADDRESS = re.compile(r"(?:localhost|127\.0\.0\.1):8081\b")
 
 
 @pytest.fixture(scope="module")
@@ -31,13 +32,15 @@ def workdir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def service(workdir) -> Iterator[str]:
-    with running_service("--model-dir", str(workdir / "models")) as url:
-        yield url.removeprefix("http://")
+def service(workdir) -> Iterator[tuple[str, str]]:
+    """The HTTP and the gRPC address the docs' 8000 and 8081 stand for."""
+    grpc = f"127.0.0.1:{free_port()}"
+    with running_service("--model-dir", str(workdir / "models"), "--grpc-port", grpc.split(":")[1]) as url:
+        yield url.removeprefix("http://"), grpc
 
 
-def _run(block: Block, workdir: Path, address: str) -> subprocess.CompletedProcess:
-    code = _ADDRESS.sub(address, block.code)
+def _run(block: Block, workdir: Path, addresses: tuple[str, str]) -> subprocess.CompletedProcess:
+    code = _GRPC_ADDRESS.sub(addresses[1], _ADDRESS.sub(addresses[0], block.code))
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",  # `python`: this one

@@ -24,5 +24,5 @@ async def reload(request: Request) -> dict[str, Any]:
     never replaces a good one (409, naming the file). Without DBF_API_KEY, only clients on the service's
     host may call it (403 for others). With several worker processes, each must reload: use
     DBF_RELOAD_POLL_SECONDS there."""
-    repository = await reload_repository(request.app)
+    repository = await reload_repository(request.app.state.dataplane)
     return {"status": "reloaded", "models": sorted(repository.models), "default": repository.default}

@@ -1,0 +1,48 @@
+"""A peer of :mod:`benchmarks.peers`: dbf-serve's heads and fusion (:mod:`benchmarks.peer_model`) served by
+KServe's Python model server (REST and gRPC), as a custom ``kserve.Model``, written the way KServe's
+documentation writes one (inputs and outputs through its ``InferRequest`` and ``InferResponse``).
+
+    python -m benchmarks.kserve_runtime --model-dir DIR --http_port P --grpc_port G
+
+(the ports are KServe's own options; it parses the command line itself). Runs in this repository's
+environment: kserve is a dev dependency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer
+
+from benchmarks.peer_model import PeerModel
+
+_DATATYPES = {"float32": "FP32", "int64": "INT64", "bool": "BOOL"}
+
+
+class DBFModel(Model):
+    def __init__(self, name: str, directory: Path) -> None:
+        super().__init__(name)
+        self.model = PeerModel(directory)
+        self.ready = True
+
+    async def predict(
+        self, payload: InferRequest, headers: dict[str, str] | None = None, **_: Any
+    ) -> InferResponse:
+        given = {tensor.name: tensor.as_numpy() for tensor in payload.inputs}
+        outputs = []
+        for name, array in self.model.predict(given).items():
+            output = InferOutput(name, list(array.shape), _DATATYPES[array.dtype.name])
+            output.set_data_from_numpy(array, binary_data=payload.from_grpc)
+            outputs.append(output)
+        return InferResponse(payload.id, self.name, outputs, from_grpc=payload.from_grpc)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model-dir", type=Path, required=True)
+    args, _ = parser.parse_known_args()
+    name = json.loads((args.model_dir / "manifest.json").read_text())["name"]
+    ModelServer(workers=1).start([DBFModel(name, args.model_dir)])

@@ -1,0 +1,155 @@
+"""The Open Inference Protocol over gRPC (KServe's ``grpc_predict_v2.proto``, as Triton and MLServer serve
+it): its messages to and from the core. The protocol's grammar, checks and error messages are REST v2's
+(:mod:`service.v2`): a request is read off its message into v2's request and checked there, once.
+
+Inputs: one FP32 tensor ``[N, dim]`` per view, named after it, its data in ``raw_input_contents`` (little-
+endian bytes, one entry per input in order: what tritonclient sends) or in its ``contents.fp32_contents``
+(typed), one way for all inputs. Request ``parameters``: ``method`` (string), ``lambda`` and ``coverage``
+(double, as tritonclient sends a float, or int64), as REST's. Outputs come back in ``raw_output_contents``
+when the request was raw, typed in each output's ``contents`` when it was typed (``binary_data_output``
+chooses otherwise), all of them one way; the response's parameters say the method, lambda and coverage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from service import v2
+from service.errors import InvalidInput
+from service.inference import InferenceRequest, ModelSignature, Result
+from service.outputs import TENSORS
+from service.proto import grpc_predict_v2_pb2 as pb
+from service.schemas import InferInput, InferRequest, InferRequestedOutput
+
+T = TypeVar("T")
+
+PROTOCOL = "grpc"  # the protocol label of its requests' metrics
+SERVICE = "inference.GRPCInferenceService"
+# Where a datatype's values go in InferTensorContents.
+_CONTENTS = {"FP32": "fp32_contents", "INT64": "int64_contents", "BOOL": "bool_contents"}
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A received ModelInferRequest, and its size on the wire (which the core's choices go by)."""
+
+    request: pb.ModelInferRequest
+    size: int
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def parse(body: bytes) -> Message:
+    """A ModelInferRequest's bytes -> its message (:func:`read`)."""
+    return Message(read(pb.ModelInferRequest, body), len(body))
+
+
+def read(kind: type[T], body: bytes) -> T:
+    """A request message of ``kind`` from its bytes (INVALID_ARGUMENT, via :class:`InvalidInput`, if they
+    are none): read here rather than by gRPC, whose failure would be the server's (INTERNAL)."""
+    try:
+        return kind.FromString(body)
+    except DecodeError as error:
+        raise InvalidInput(f"not a {kind.DESCRIPTOR.name} message: {error}") from None
+
+
+def accept(headers: Mapping[str, str]) -> None:
+    """Nothing is refused before the message is read."""
+
+
+def decode(
+    body: Message, headers: Mapping[str, str], signature: ModelSignature, *, max_samples: int
+) -> tuple[InferenceRequest, v2.Context]:
+    """A ModelInferRequest -> the request, checked as v2's (the same messages)."""
+    message = body.request
+    raw = message.raw_input_contents
+    if raw and len(raw) != len(message.inputs):
+        raise InvalidInput(
+            f"raw_input_contents has {len(raw)} entries for {len(message.inputs)} inputs: send one per "
+            "input, in input order"
+        )
+    inputs, flat = [], {}
+    for i, tensor in enumerate(message.inputs):
+        where = f"inputs[{i}] ({tensor.name})"
+        typed = tensor.HasField("contents")
+        if raw and typed:
+            raise InvalidInput(f"{where}: both contents and raw_input_contents; send the tensors one way")
+        if tensor.datatype == "FP32":  # another is refused by v2's checks, whatever its data
+            if raw:
+                flat[i] = _raw_values(raw[i], f"{where}: raw_input_contents[{i}]")
+            elif len(tensor.contents.fp32_contents):
+                flat[i] = np.array(tensor.contents.fp32_contents, dtype=np.float32)
+            else:
+                raise InvalidInput(f"{where}: no fp32_contents and no raw_input_contents")
+        else:
+            flat[i] = np.empty(0, np.float32)
+        parameters = _values(tensor.parameters)
+        # REST's binary extension (kserve's client sends it beside raw contents): no meaning over gRPC,
+        # where the contents say how the data comes.
+        parameters.pop("binary_data_size", None)
+        inputs.append(InferInput(tensor.name, tensor.datatype, list(tensor.shape), parameters))
+    outputs = [InferRequestedOutput(o.name, _values(o.parameters)) for o in message.outputs]
+    request = InferRequest(
+        inputs=inputs, id=message.id or None, parameters=_values(message.parameters), outputs=outputs or None
+    )
+    return v2.tensors_request(request, flat, b"", signature, max_samples, binary_request=bool(raw))
+
+
+def encode(context: v2.Context, result: Result) -> bytes:
+    """The ModelInferResponse's bytes: every output raw when any was asked for as binary, else typed."""
+    answer = pb.ModelInferResponse(
+        model_name=context.signature.name, model_version=context.signature.version, id=context.id or ""
+    )
+    answer.parameters["method"].string_param = result.method
+    answer.parameters["lambda"].double_param = result.lam
+    if result.coverage is not None:
+        answer.parameters["coverage"].double_param = result.coverage
+    raw = bool(context.binary)
+    for name in context.outputs:
+        tensor = TENSORS[name].tensor
+        array = tensor.take(result)
+        output = answer.outputs.add(name=name, datatype=tensor.datatype, shape=array.shape)
+        if raw:
+            answer.raw_output_contents.append(np.ascontiguousarray(array).tobytes())
+        else:
+            getattr(output.contents, _CONTENTS[tensor.datatype]).extend(array.ravel().tolist())
+    return answer.SerializeToString()
+
+
+def locate(error: InvalidInput, context: v2.Context) -> InvalidInput:
+    """As v2's: the input holding the sample's view, and the row."""
+    return v2.locate(error, context)
+
+
+def metadata(signature: ModelSignature) -> pb.ModelMetadataResponse:
+    """ModelMetadata: REST's ``GET /v2/models/{name}`` (:func:`service.v2.metadata`) but its parameters,
+    which the message has no field for."""
+    described = v2.metadata(signature)
+    return pb.ModelMetadataResponse(
+        name=described["name"],
+        versions=described["versions"],
+        platform=described["platform"],
+        inputs=[pb.ModelMetadataResponse.TensorMetadata(**tensor) for tensor in described["inputs"]],
+        outputs=[pb.ModelMetadataResponse.TensorMetadata(**tensor) for tensor in described["outputs"]],
+    )
+
+
+def _raw_values(data: bytes, where: str) -> np.ndarray:
+    if len(data) % 4:
+        raise InvalidInput(f"{where} is {len(data)} bytes, not a whole number of FP32 values")
+    return np.frombuffer(data, dtype="<f4")
+
+
+def _values(parameters: Mapping[str, pb.InferParameter]) -> dict[str, Any]:
+    """InferParameters as the JSON values REST's parameters would be (a string, a number, a bool)."""
+    values = {}
+    for key, parameter in parameters.items():
+        kind = parameter.WhichOneof("parameter_choice")
+        values[key] = None if kind is None else getattr(parameter, kind)
+    return values

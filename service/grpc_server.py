@@ -1,0 +1,225 @@
+"""The gRPC front end: the Open Inference Protocol's ``inference.GRPCInferenceService`` on ``grpc.aio``, in
+the process and event loop of the HTTP server (each worker process serves it: :func:`start` is called by the
+app's lifespan), with ``grpc.health.v1`` (Kubernetes' gRPC probes) and server reflection beside it.
+
+Inference goes through the core's pipeline (:meth:`service.dataplane.DataPlane.serve`) with
+:mod:`service.grpc_codec`; the limits are REST's: a message of at most ``DBF_MAX_BODY_BYTES`` (decompressed:
+gzip is gRPC's own), held in the body budget while it is served, ``DBF_MAX_SAMPLES``, the in-flight slots,
+the client's deadline (its cancellation frees the slot), ``DBF_API_KEY`` as ``authorization: Bearer <key>``
+metadata (ModelReady, ModelMetadata, ModelInfer: what REST guards under ``/v2/models``; server liveness,
+readiness, metadata, health and reflection stay open, as REST's probes). Domain errors become gRPC status
+codes here, with REST's messages (:data:`STATUS`); a bug is INTERNAL, never a client's mistake.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import grpc
+from google.protobuf import descriptor_pool
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection, reflection_pb2
+
+from service import grpc_codec, metrics
+from service.auth import bearer_token, verify_token
+from service.dataplane import BodyBudget, DataPlane
+from service.errors import ServiceError
+from service.proto import grpc_predict_v2_pb2 as pb
+from service.settings import Settings
+
+log = logging.getLogger("dbf.grpc")
+
+# Each domain error's status code (by its type, as service.api.errors maps them to HTTP statuses).
+STATUS = {
+    "invalid_input": grpc.StatusCode.INVALID_ARGUMENT,
+    "unsupported_media_type": grpc.StatusCode.INVALID_ARGUMENT,
+    "payload_too_large": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "model_not_found": grpc.StatusCode.NOT_FOUND,
+    "not_ready": grpc.StatusCode.UNAVAILABLE,
+    "overloaded": grpc.StatusCode.UNAVAILABLE,
+    "unauthorized": grpc.StatusCode.UNAUTHENTICATED,
+    "forbidden": grpc.StatusCode.PERMISSION_DENIED,
+    "request_timeout": grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+
+# A message this big or smaller is parsed on the event loop. Parsing costs a copy of its tensors' bytes
+# (raw, or packed fp32_contents: protobuf copies them as they are), not the JSON parsing that the core's
+# INLINE_BODY_BYTES is sized for: up to here a fraction of a millisecond, less than the codec thread's hop.
+INLINE_MESSAGE_BYTES = 1 << 20
+
+Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+
+class _Held:
+    """``async with``: a received message, its bytes held in the body budget until the answer is made (the
+    gRPC side of :class:`service.api.body.Received`: gRPC has received the message already)."""
+
+    __slots__ = ("budget", "message")
+
+    def __init__(self, budget: BodyBudget, message: grpc_codec.Message) -> None:
+        self.budget, self.message = budget, message
+
+    async def __aenter__(self) -> grpc_codec.Message:
+        self.budget.reserve(len(self.message))
+        return self.message
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.budget.release(len(self.message))
+
+
+class InferenceServicer:
+    """The RPCs of ``inference.GRPCInferenceService`` over the data plane."""
+
+    def __init__(self, plane: DataPlane, version: str) -> None:
+        self.plane, self.version = plane, version
+
+    async def server_live(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def server_ready(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.plane.repository is not None)
+
+    async def server_metadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(
+            name="dbf-serve", version=self.version, extensions=["binary_tensor_data"]
+        )
+
+    async def model_ready(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+        self._authorize(context)
+        self.plane.model(request.name, request.version or None)
+        return pb.ModelReadyResponse(ready=True)
+
+    async def model_metadata(
+        self, request: pb.ModelMetadataRequest, context: Any
+    ) -> pb.ModelMetadataResponse:
+        self._authorize(context)
+        return grpc_codec.metadata(self.plane.model(request.name, request.version or None).signature)
+
+    async def model_infer(self, body: bytes, context: Any) -> bytes:
+        """ModelInfer, its request and answer as bytes: the message is parsed here (off the event loop when
+        big: :data:`INLINE_MESSAGE_BYTES`), its parse errors the client's (INVALID_ARGUMENT)."""
+        headers = _metadata(context)
+        self._authorize(context, headers)
+        plane = self.plane
+        message = await plane.run(grpc_codec.parse, body, inline=len(body) <= INLINE_MESSAGE_BYTES)
+        del body  # the message holds what is needed of it
+        request = message.request
+        name, version = request.model_name, request.model_version or None
+        held = _Held(plane.bodies, message)
+        delay = plane.settings.grpc_batch_delay_ms / 1000
+        return await plane.serve(grpc_codec, name, version, headers, held, batch_delay=delay)
+
+    def _authorize(self, context: Any, headers: Mapping[str, str] | None = None) -> None:
+        headers = _metadata(context) if headers is None else headers
+        verify_token(bearer_token(headers.get("authorization")), self.plane.settings.api_key)
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        """The service's method handlers, each behind :func:`_answering`, requests and answers as bytes (the
+        messages read by :func:`_typed`, ModelInfer's by :meth:`model_infer`)."""
+        unary = grpc.unary_unary_rpc_method_handler
+        typed = {
+            "ServerLive": (self.server_live, pb.ServerLiveRequest),
+            "ServerReady": (self.server_ready, pb.ServerReadyRequest),
+            "ServerMetadata": (self.server_metadata, pb.ServerMetadataRequest),
+            "ModelReady": (self.model_ready, pb.ModelReadyRequest),
+            "ModelMetadata": (self.model_metadata, pb.ModelMetadataRequest),
+        }
+        methods = {
+            name: unary(_answering(_typed(method, request))) for name, (method, request) in typed.items()
+        }
+        methods["ModelInfer"] = unary(_answering(self.model_infer))
+        return grpc.method_handlers_generic_handler(grpc_codec.SERVICE, methods)
+
+
+def _metadata(context: Any) -> dict[str, str]:
+    """The call's metadata as headers (keys in lower case, as gRPC sends them; binary ones left out)."""
+    return {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
+
+
+def _typed(method: Handler, kind: type) -> Handler:
+    """``method`` (message in, message out) over bytes: the request read by :func:`grpc_codec.read`."""
+
+    async def call(body: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        answer = await method(grpc_codec.read(kind, body), context)
+        return answer.SerializeToString()
+
+    return call
+
+
+def _answering(method: Handler) -> Handler:
+    """``method`` with its errors as gRPC statuses: a domain error's code (:data:`STATUS`) and message,
+    counted by reason as REST's; anything else a bug: logged, counted, INTERNAL."""
+
+    async def answer(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await method(request, context)
+        except ServiceError as error:
+            code = STATUS.get(error.type)
+            if code is None:  # a domain error with no client's cause (none today): the server's
+                code = grpc.StatusCode.INTERNAL
+            metrics.ERRORS.labels(reason=error.type).inc()
+            retry = (error.headers or {}).get("Retry-After")
+            if retry is not None:
+                context.set_trailing_metadata((("retry-after", retry),))
+            message = error.message
+        except Exception:
+            log.exception("unexpected error serving a gRPC call")
+            metrics.ERRORS.labels(reason="internal_error").inc()
+            code, message = grpc.StatusCode.INTERNAL, "internal error; see the service log"
+        await context.abort(code, message)
+
+    return answer
+
+
+class GrpcFrontEnd:
+    """The gRPC server of one worker process: started by :func:`start`, stopped (drained) by :meth:`stop`."""
+
+    def __init__(self, server: grpc.aio.Server, health_servicer: health.aio.HealthServicer) -> None:
+        self.server, self.health = server, health_servicer
+
+    async def stop(self, grace: float) -> None:
+        """Not serving (health says so at once), then the calls in progress finish within ``grace``
+        seconds; later ones are refused (UNAVAILABLE)."""
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+
+
+async def start(plane: DataPlane, settings: Settings, version: str) -> GrpcFrontEnd:
+    """Serve gRPC on ``DBF_HOST``:``DBF_GRPC_PORT`` in this event loop. The port is shared with the other
+    worker processes (SO_REUSEPORT: the kernel spreads connections among them, as the HTTP side's shared
+    socket does); the message size limit is the body's."""
+    options = [
+        ("grpc.so_reuseport", 1),
+        ("grpc.max_receive_message_length", settings.max_body_bytes),
+        ("grpc.max_send_message_length", -1),  # an answer is bounded by DBF_MAX_ANSWER_VALUES
+    ]
+    server = grpc.aio.server(options=options)
+    server.add_generic_rpc_handlers((InferenceServicer(plane, version).handler(),))
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    services = (grpc_codec.SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(services, server, pool=_described())
+    address = f"{_bracketed(settings.host)}:{settings.grpc_port}"
+    server.add_insecure_port(address)  # RuntimeError if it cannot bind
+    await server.start()
+    # The models are loaded before the server starts (the app's lifespan): serving from the first call.
+    for service in ("", grpc_codec.SERVICE):
+        await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    log.info("gRPC (Open Inference Protocol) on %s", address)
+    return GrpcFrontEnd(server, health_servicer)
+
+
+def _described() -> descriptor_pool.DescriptorPool:
+    """The services reflection describes, in a pool of their own (the messages live in
+    :data:`service.proto.grpc_predict_v2_pb2.POOL`, health's and reflection's in protobuf's default)."""
+    pool = descriptor_pool.DescriptorPool()
+    for module in (pb, health_pb2, reflection_pb2):
+        pool.AddSerializedFile(module.DESCRIPTOR.serialized_pb)
+    return pool
+
+
+def _bracketed(host: str) -> str:
+    """An IPv6 address in brackets, as gRPC's addresses take it."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host

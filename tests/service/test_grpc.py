@@ -1,0 +1,418 @@
+"""The Open Inference Protocol over gRPC, as the ecosystem's clients speak it (tritonclient.grpc sync and aio,
+kserve's InferenceGRPCClient: each in a process of its own, :mod:`tests.service.grpc_clients`) and as a bare
+gRPC channel does (typed contents, health, reflection, a message that is none), against the real service.
+Every answer is REST's answer to the same request, to the bit; every error REST's message, as a status code.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from service import v2
+from service.proto import grpc_predict_v2_pb2 as pb
+from tests.service import grpc_clients
+from tests.service.conftest import MODELS, free_port, service_process, serving, start_and_fail
+
+KEY = "grpc-secret"
+HANDWRITTEN = {"pix": 240, "fou": 76, "fac": 216, "zer": 47, "kar": 64, "mor": 6}
+# A status code per REST status, as the gRPC front end maps the errors behind them.
+CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 404: "NOT_FOUND", 413: "RESOURCE_EXHAUSTED"}
+CODES[503] = "UNAVAILABLE"
+
+
+@pytest.fixture(scope="module")
+def service() -> Any:
+    """The service on the committed models, gRPC beside REST: (REST base URL, gRPC address)."""
+    port = free_port()
+    with serving(MODELS, grpc_port=port, max_samples=1000) as url:
+        yield url, f"127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def guarded() -> Any:
+    """HandWritten behind an API key, with a small message limit and a small body budget."""
+    port = free_port()
+    limits = {"max_body_bytes": 64 * 1024, "body_memory_bytes": 8 * 1024}
+    with serving(MODELS / "handwritten", grpc_port=port, api_key=KEY, **limits) as url:
+        yield url, f"127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def triton() -> ProcessPoolExecutor:
+    with grpc_clients.client_process() as executor:
+        yield executor
+
+
+def features(n: int, seed: int = 0, views: dict[str, int] = HANDWRITTEN) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {name: rng.normal(size=(n, dim)).astype(np.float32) for name, dim in views.items()}
+
+
+def rest(
+    url: str,
+    model: str,
+    given: dict[str, np.ndarray],
+    version: str | None = None,
+    outputs: list[str] | None = None,
+    headers: dict | None = None,
+    **parameters: Any,
+) -> dict[str, Any]:
+    """REST v2's answer (binary tensors) to the same request: outputs by name, or the error."""
+    inputs, blobs = [], []
+    for name, array in given.items():
+        blob = np.ascontiguousarray(array, "<f4").tobytes()
+        shape = list(array.shape)
+        inputs.append(
+            {"name": name, "datatype": "FP32", "shape": shape, "parameters": {"binary_data_size": len(blob)}}
+        )
+        blobs.append(blob)
+    header = {"inputs": inputs, "parameters": {**parameters, "binary_data_output": True}}
+    if outputs is not None:
+        header["outputs"] = [{"name": name} for name in outputs]
+    head = json.dumps(header).encode()
+    path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
+    sent = {"content-type": v2.BINARY_MEDIA_TYPE, v2.HEADER_LENGTH: str(len(head)), **(headers or {})}
+    answer = httpx.post(url + path, content=head + b"".join(blobs), headers=sent, timeout=60)
+    if answer.status_code != 200:
+        return {"error": (CODES[answer.status_code], answer.json()["error"])}
+    return {"outputs": v2.decode_response(answer.content, answer.headers)}
+
+
+def assert_identical(got: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:
+    """The same outputs, dtypes and values: max difference 0."""
+    assert list(got) == list(expected)
+    for name, array in expected.items():
+        assert got[name].dtype == array.dtype and got[name].shape == array.shape, name
+        assert np.array_equal(got[name], array, equal_nan=True), name
+
+
+# --- tritonclient.grpc ------------------------------------------------------------------------------------
+
+
+def test_readiness_and_metadata_are_rests(service, triton):
+    url, address = service
+
+    def call(method: str, *args: Any, **options: Any) -> Any:
+        return triton.submit(grpc_clients.triton_call, address, method, *args, **options).result()
+
+    assert call("is_server_live") is True and call("is_server_ready") is True
+    assert call("is_model_ready", "handwritten") is True
+    assert call("is_model_ready", "handwritten", "1") is True
+    assert call("is_model_ready", "handwritten", "2") == {
+        "error": ("NOT_FOUND", httpx.get(url + "/v2/models/handwritten/versions/2/ready").json()["error"])
+    }
+    server = call("get_server_metadata", as_json=True)
+    assert {key: server[key] for key in ("name", "version", "extensions")} == httpx.get(url + "/v2").json()
+    for model in ("handwritten", "cub"):
+        described = call("get_model_metadata", model, as_json=True)
+        expected = httpx.get(f"{url}/v2/models/{model}").json()
+        for tensor in (*expected["inputs"], *expected["outputs"]):
+            tensor["shape"] = [str(d) for d in tensor["shape"]]  # int64 in protobuf's JSON
+        assert {key: described[key] for key in ("name", "versions", "platform", "inputs", "outputs")} == {
+            key: expected[key] for key in ("name", "versions", "platform", "inputs", "outputs")
+        }
+
+
+@pytest.mark.parametrize(
+    ("given", "options"),
+    [
+        (features(3), {}),
+        (features(5, seed=1), {"parameters": {"method": "cbf", "lambda": 0.25, "coverage": 0.8}}),
+        (features(1, seed=2), {"parameters": {"lambda": 3}}),  # an integer: int64_param
+        ({k: v for k, v in features(4, seed=3).items() if k in ("pix", "mor")}, {"model_version": "1"}),
+        (features(2, seed=4), {"outputs": ["label", "uncertainty", "conflict"]}),
+    ],
+    ids=["defaults", "parameters", "integer-lambda", "two-views-version", "some-outputs"],
+)
+def test_raw_inference_is_rests_to_the_bit(service, triton, given, options):
+    url, address = service
+    answer = triton.submit(grpc_clients.triton_infer, address, "handwritten", given, **options).result()
+    expected = rest(
+        url, "handwritten", given, version=options.get("model_version"), outputs=options.get("outputs"),
+        **options.get("parameters", {}),
+    )  # fmt: skip
+    assert_identical(answer["outputs"], expected["outputs"])
+    assert answer["model"] == ("handwritten", "1")
+    sent = options.get("parameters", {})
+    assert answer["parameters"]["method"] == sent.get("method", "dbf")
+    assert answer["parameters"]["lambda"] == sent.get("lambda", 1.0)
+    assert answer["parameters"]["coverage"] == sent.get("coverage", 0.9)
+
+
+def test_a_request_over_4_mib_works(service, triton):
+    """820 CUB samples: 4.3 MB of raw tensors, over gRPC's 4 MiB default (the limit is DBF_MAX_BODY_BYTES)."""
+    url, address = service
+    given = features(820, views={"image": 1024, "text": 300})
+    assert sum(array.nbytes for array in given.values()) > 4 * 1024 * 1024
+    answer = triton.submit(grpc_clients.triton_infer, address, "cub", given, outputs=["label"]).result()
+    assert_identical(answer["outputs"], rest(url, "cub", given, outputs=["label"])["outputs"])
+
+
+def test_gzip_compressed_requests_are_served(service, triton):
+    url, address = service
+    given = features(6, seed=5)
+    answer = triton.submit(
+        grpc_clients.triton_infer, address, "handwritten", given, compression_algorithm="gzip"
+    ).result()
+    assert_identical(answer["outputs"], rest(url, "handwritten", given)["outputs"])
+
+
+BAD = [
+    ("nope", features(1), {}),
+    ("handwritten", features(1), {"model_version": "7"}),
+    ("handwritten", {"pixels": np.zeros((1, 240), np.float32)}, {}),
+    ("handwritten", {"pix": np.zeros((1, 239), np.float32)}, {}),
+    ("handwritten", {"pix": np.full((2, 240), np.nan, np.float32)}, {}),
+    ("handwritten", {"pix": np.full((1, 240), np.inf, np.float32)}, {}),
+    ("handwritten", features(1), {"parameters": {"lambda": 0}}),
+    ("handwritten", features(1), {"parameters": {"lambda": -0.5}}),
+    ("handwritten", features(1), {"parameters": {"lambda": True}}),
+    ("handwritten", features(1), {"parameters": {"method": "dempster"}}),
+    ("handwritten", features(1), {"parameters": {"coverage": 1.5}}),
+    ("handwritten", features(1), {"outputs": ["no_such_output"]}),
+    ("handwritten", {"mor": np.zeros((1001, 6), np.float32)}, {}),  # over DBF_MAX_SAMPLES
+]
+
+
+@pytest.mark.parametrize(("model", "given", "options"), BAD)
+def test_errors_are_status_codes_with_rests_messages(service, triton, model, given, options):
+    url, address = service
+    answer = triton.submit(grpc_clients.triton_infer, address, model, given, **options).result()
+    expected = rest(
+        url, model, given, version=options.get("model_version"), outputs=options.get("outputs"),
+        **options.get("parameters", {}),
+    )  # fmt: skip
+    assert answer["error"] == expected["error"]
+
+
+def test_concurrent_aio_calls_each_get_their_own_answer(service, triton):
+    """Calls at once on one channel (micro-batched together by the service): each its own samples' answer."""
+    url, address = service
+    batches = [features(1 + i % 4, seed=100 + i) for i in range(24)]
+    answers = triton.submit(grpc_clients.triton_aio_infer_many, address, "handwritten", batches).result()
+    for batch, answer in zip(batches, answers, strict=True):
+        assert_identical(answer["outputs"], rest(url, "handwritten", batch)["outputs"])
+
+
+def test_the_deadline_of_a_call_is_kept(service, triton):
+    url, address = service
+    late = triton.submit(
+        grpc_clients.triton_infer, address, "cub", features(500, views={"image": 1024, "text": 300}),
+        client_timeout=0.001,
+    ).result()  # fmt: skip
+    assert late["error"][0] == "DEADLINE_EXCEEDED"
+    given = features(1)
+    on_time = triton.submit(
+        grpc_clients.triton_infer, address, "handwritten", given, client_timeout=30
+    ).result()
+    assert_identical(on_time["outputs"], rest(url, "handwritten", given)["outputs"])
+
+
+# --- the API key, the message limit, the body budget ------------------------------------------------------
+
+
+@pytest.mark.parametrize("authorization", [None, "Bearer wrong", "Basic Z3JwYy1zZWNyZXQ="])
+def test_without_the_key_a_call_is_unauthenticated(guarded, triton, authorization):
+    url, address = guarded
+    headers = None if authorization is None else {"authorization": authorization}
+    answer = triton.submit(
+        grpc_clients.triton_infer, address, "handwritten", features(1), headers=headers
+    ).result()
+    assert answer["error"] == rest(url, "handwritten", features(1), headers=headers)["error"]
+    ready = triton.submit(grpc_clients.triton_call, address, "is_model_ready", "handwritten", headers=headers)
+    assert ready.result()["error"][0] == "UNAUTHENTICATED"
+    # Server liveness and readiness stay open, as REST's probes.
+    assert (
+        triton.submit(grpc_clients.triton_call, address, "is_server_ready", headers=headers).result() is True
+    )
+
+
+def test_with_the_key_a_call_is_served(guarded, triton):
+    url, address = guarded
+    key = {"authorization": f"Bearer {KEY}"}
+    given = {"mor": features(2)["mor"]}
+    answer = triton.submit(grpc_clients.triton_infer, address, "handwritten", given, headers=key).result()
+    assert_identical(answer["outputs"], rest(url, "handwritten", given, headers=key)["outputs"])
+
+
+def test_a_message_over_the_body_limit_is_resource_exhausted(guarded, triton):
+    _, address = guarded
+    given = {"pix": np.zeros((80, 240), np.float32)}  # 76.8 KB over DBF_MAX_BODY_BYTES 64 KiB
+    answer = triton.submit(
+        grpc_clients.triton_infer, address, "handwritten", given, headers={"authorization": f"Bearer {KEY}"}
+    ).result()
+    assert answer["error"][0] == "RESOURCE_EXHAUSTED"
+
+
+def test_past_the_body_budget_a_call_is_unavailable_with_rests_message(guarded, triton):
+    url, address = guarded
+    key = {"authorization": f"Bearer {KEY}"}
+    given = {"pix": np.zeros((10, 240), np.float32)}  # 9.6 KB, over DBF_BODY_MEMORY_BYTES 8 KiB
+    answer = triton.submit(grpc_clients.triton_infer, address, "handwritten", given, headers=key).result()
+    assert answer["error"] == rest(url, "handwritten", given, headers=key)["error"]
+    assert answer["error"][0] == "UNAVAILABLE"
+
+
+# --- kserve's InferenceGRPCClient -------------------------------------------------------------------------
+
+
+def test_kserve_client(service):
+    """kserve's client (its own process): readiness, metadata, raw and typed tensors. Its parameters are
+    strings, booleans and integers only (kserve's proto has no double): lambda as an integer."""
+    url, address = service
+    given = features(3, seed=7)
+    with grpc_clients.client_process() as kserve:
+        done = kserve.submit(
+            grpc_clients.kserve_calls, address, "handwritten", given, method="baf", **{"lambda": 2}
+        )
+        done = done.result()
+    assert done["live"] is True and done["ready"] is True and done["model_ready"] is True
+    assert done["metadata"] == ("handwritten", ["1"], list(HANDWRITTEN))
+    expected = rest(url, "handwritten", given, method="baf", **{"lambda": 2})["outputs"]
+    for kind in ("raw", "typed"):
+        assert done[kind]["id"] == f"{kind}-1"
+        assert_identical(done[kind]["outputs"], expected)
+    assert done["missing"] == ("NOT_FOUND", httpx.get(url + "/v2/models/no-such-model/ready").json()["error"])
+
+
+# --- a bare channel: typed contents, a message that is none, health, reflection, metrics ------------------
+
+
+def infer_stub(channel: grpc.Channel, serializer=pb.ModelInferRequest.SerializeToString) -> Any:
+    return channel.unary_unary(
+        "/inference.GRPCInferenceService/ModelInfer",
+        request_serializer=serializer,
+        response_deserializer=pb.ModelInferResponse.FromString,
+    )
+
+
+def test_typed_contents_are_answered_typed_and_as_rest(service):
+    url, address = service
+    given = features(3, seed=8)
+    request = pb.ModelInferRequest(model_name="handwritten", id="typed")
+    for name, array in given.items():
+        tensor = request.inputs.add(name=name, datatype="FP32", shape=array.shape)
+        tensor.contents.fp32_contents.extend(array.ravel().tolist())
+    with grpc.insecure_channel(address) as channel:
+        response = infer_stub(channel)(request, timeout=30)
+    assert response.id == "typed" and not response.raw_output_contents
+    field = {"FP32": "fp32_contents", "INT64": "int64_contents", "BOOL": "bool_contents"}
+    expected = rest(url, "handwritten", given)["outputs"]
+    got = {}
+    for output in response.outputs:
+        values = getattr(output.contents, field[output.datatype])
+        got[output.name] = np.array(values, dtype=expected[output.name].dtype).reshape(output.shape)
+    assert_identical(got, expected)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"\xff\xff\xff", "not a ModelInferRequest message"),
+        (
+            pb.ModelInferRequest(
+                model_name="handwritten",
+                inputs=[pb.ModelInferRequest.InferInputTensor(name="mor", datatype="FP32", shape=[1, 6])],
+                raw_input_contents=[b"\0" * 24, b"\0" * 24],
+            ).SerializeToString(),
+            "raw_input_contents has 2 entries for 1 inputs",
+        ),
+        (
+            pb.ModelInferRequest(
+                model_name="handwritten",
+                inputs=[pb.ModelInferRequest.InferInputTensor(name="mor", datatype="FP32", shape=[1, 6])],
+                raw_input_contents=[b"\0" * 23],
+            ).SerializeToString(),
+            "inputs[0] (mor): raw_input_contents[0] is 23 bytes, not a whole number of FP32 values",
+        ),
+        (
+            pb.ModelInferRequest(
+                model_name="handwritten",
+                inputs=[pb.ModelInferRequest.InferInputTensor(name="mor", datatype="FP32", shape=[1, 6])],
+            ).SerializeToString(),
+            "inputs[0] (mor): no fp32_contents and no raw_input_contents",
+        ),
+    ],
+    ids=["not-protobuf", "raw-count", "raw-size", "no-data"],
+)
+def test_a_malformed_message_is_invalid_argument(service, body, message):
+    _, address = service
+    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
+        infer_stub(channel, serializer=None)(body, timeout=30)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in refused.value.details()
+
+
+def test_a_malformed_metadata_request_is_invalid_argument(service):
+    _, address = service
+    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
+        channel.unary_unary("/inference.GRPCInferenceService/ModelReady")(b"\xff\xff\xff", timeout=30)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not a ModelReadyRequest message" in refused.value.details()
+
+
+def test_health_and_reflection(service):
+    _, address = service
+    with grpc.insecure_channel(address) as channel:
+        check = health_pb2_grpc.HealthStub(channel).Check
+        for name in ("", "inference.GRPCInferenceService"):
+            assert check(health_pb2.HealthCheckRequest(service=name), timeout=10).status == 1  # SERVING
+        reflect = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo
+        asked = [
+            reflection_pb2.ServerReflectionRequest(list_services=""),
+            reflection_pb2.ServerReflectionRequest(file_containing_symbol="inference.GRPCInferenceService"),
+        ]
+        listed, described = list(reflect(iter(asked), timeout=10))
+    names = {service.name for service in listed.list_services_response.service}
+    assert {"inference.GRPCInferenceService", "grpc.health.v1.Health"} <= names
+    assert described.file_descriptor_response.file_descriptor_proto  # the .proto, for grpcurl and the like
+
+
+def test_metrics_count_grpc_requests_by_protocol(service, triton):
+    url, address = service
+    triton.submit(grpc_clients.triton_infer, address, "scene15", features(1, views={"gist": 20})).result()
+    counted = {
+        line.split("{")[1].split("}")[0]: float(line.rsplit(" ", 1)[1])
+        for line in httpx.get(url + "/metrics").text.splitlines()
+        if line.startswith("dbf_request_duration_seconds_count{")
+    }
+    assert counted['model="scene15",protocol="grpc"'] >= 1
+    assert 'model="scene15",protocol="rest"' in counted
+
+
+# --- the command line -------------------------------------------------------------------------------------
+
+
+def test_every_worker_serves_grpc_and_sigterm_stops_them_cleanly(triton):
+    """``--grpc-port`` with two workers (they share the port, as the HTTP one): served, then a clean exit."""
+    port = free_port()
+    scene15 = str(MODELS / "scene15")
+    with service_process("--grpc-port", str(port), "--workers", "2", "--model-dir", scene15) as (_, process):
+        for _ in range(4):  # new connections, spread by the kernel among the workers
+            assert (
+                triton.submit(grpc_clients.triton_call, f"127.0.0.1:{port}", "is_server_ready").result()
+                is True
+            )
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+
+
+def test_a_grpc_port_taken_refuses_to_start():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        failed = start_and_fail("--grpc-port", str(port), "--model-dir", str(MODELS / "scene15"))
+    assert failed.returncode != 0
+    assert "DBF_GRPC_PORT" in failed.stdout + failed.stderr
