@@ -32,7 +32,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default=defaults.host)
     parser.add_argument("--port", type=int, default=defaults.port)
     parser.add_argument(
-    parser.add_argument(
         "--grpc-port", type=int, default=defaults.grpc_port, help="gRPC (Open Inference Protocol); 0: none"
     )
     parser.add_argument(
