@@ -189,10 +189,13 @@ class GrpcFrontEnd:
 async def start(plane: DataPlane, settings: Settings, version: str) -> GrpcFrontEnd:
     """Serve gRPC on ``DBF_HOST``:``DBF_GRPC_PORT`` in this event loop. The port is shared with the other
     worker processes (SO_REUSEPORT: the kernel spreads connections among them, as the HTTP side's shared
-    socket does); the message size limit is the body's."""
+    socket does); the message size limit is the body's, as the models loaded at start size it
+    (:func:`service.repository.body_limit`; a reload does not change it)."""
+    repository = plane.repository
+    limit = settings.max_body_bytes if repository is None else repository.max_body_bytes
     options = [
         ("grpc.so_reuseport", 1),
-        ("grpc.max_receive_message_length", settings.max_body_bytes),
+        ("grpc.max_receive_message_length", limit),
         ("grpc.max_send_message_length", -1),  # an answer is bounded by DBF_MAX_ANSWER_VALUES
     ]
     server = grpc.aio.server(options=options)
