@@ -94,7 +94,8 @@ class Comparison:
             notes.append(
                 f"the fused model is right on {fused:.1%} of test samples, below its best view alone "
                 f"(`{self.best_view}`: {best:.1%}): another view may be useless or misleading; try `--views` "
-                "without it, `--hidden` for heads that fit more, or more data"
+                "without it, `--beta 0.1` (the fused answer first), `--hidden` for heads that fit more, or "
+                "more data"
             )
         plain = self.baseline.accuracy.value
         if fused < plain - BASELINE_MARGIN:
