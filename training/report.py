@@ -114,10 +114,11 @@ class FitReport:
         if self.outvoted is not None:
             record["outvoted"] = {
                 "best_view": self.outvoted.best_view,
+                "beta": self.outvoted.beta,
                 "non_test_accuracy": {
                     "fused": self.outvoted.fused,
                     "best_view": self.outvoted.best_view_accuracy,
-                    f"fused_beta_{self.outvoted.beta:g}": self.outvoted.again,
+                    "fused_trained_again": self.outvoted.again,
                 },
                 "kept": self.outvoted.kept,
             }
