@@ -39,12 +39,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             log.error("model repository failed to load: %s", error)
             raise SystemExit(1) from None
         front_end = await _start_grpc(plane, settings) if settings.grpc_port else None
+        if front_end is not None:
+            front_end.stop_on_signals(settings.graceful_shutdown_seconds)
         async with anyio.create_task_group() as tasks:
             if settings.reload_poll_seconds > 0:
                 tasks.start_soon(watch_repository, plane, settings.reload_poll_seconds, seen)
             yield
             tasks.cancel_scope.cancel()
-        if front_end is not None:  # HTTP has drained; gRPC's calls in progress get as long
+        if front_end is not None:  # begun by the signal already, where one stopped the server
             await front_end.stop(settings.graceful_shutdown_seconds)
         await plane.loads.wait_stopped(within=1.0)  # a reload cut by the shutdown: its load stops
 

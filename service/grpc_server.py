@@ -13,7 +13,10 @@ codes here, with REST's messages (:data:`STATUS`); a bug is INTERNAL, never a cl
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
+import threading
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -174,16 +177,45 @@ def _answering(method: Handler) -> Handler:
 
 
 class GrpcFrontEnd:
-    """The gRPC server of one worker process: started by :func:`start`, stopped (drained) by :meth:`stop`."""
+    """The gRPC server of one worker process: started by :func:`start`, drained by :meth:`stop`, which
+    begins as soon as the process is told to stop (:meth:`stop_on_signals`)."""
 
     def __init__(self, server: grpc.aio.Server, health_servicer: health.aio.HealthServicer) -> None:
         self.server, self.health = server, health_servicer
+        self._stopping: asyncio.Task | None = None
 
     async def stop(self, grace: float) -> None:
         """Not serving (health says so at once), then the calls in progress finish within ``grace``
-        seconds; later ones are refused (UNAVAILABLE)."""
+        seconds; later ones are refused (UNAVAILABLE). Begun once: a second call waits for the first."""
+        await asyncio.shield(self._begin_stop(grace))
+
+    def _begin_stop(self, grace: float) -> asyncio.Task:
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._drain(grace))
+        return self._stopping
+
+    async def _drain(self, grace: float) -> None:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
+
+    def stop_on_signals(self, grace: float) -> None:
+        """Begin :meth:`stop` on SIGINT or SIGTERM, beside the HTTP server's drain rather than after it
+        (which would give a shutdown twice ``grace``, past a Kubernetes pod's termination grace period).
+        The handlers in place (uvicorn's, which starts the HTTP drain) still run first. Only the main
+        thread can take signals; elsewhere (an app in a test's thread) the stop waits for the lifespan."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        loop = asyncio.get_running_loop()
+        for number in (signal.SIGINT, signal.SIGTERM):
+            before = signal.getsignal(number)
+            if not callable(before):  # default or ignored: nothing of the server's to chain
+                continue
+
+            def chained(signum: int, frame: Any, before: Callable[..., Any] = before) -> None:
+                before(signum, frame)
+                loop.call_soon_threadsafe(self._begin_stop, grace)
+
+            signal.signal(number, chained)
 
 
 async def start(plane: DataPlane, settings: Settings, version: str) -> GrpcFrontEnd:
