@@ -72,7 +72,7 @@ def fit_child(path: str, out: str, epochs: int) -> None:
         data,
         out,
         config=TrainConfig(epochs=epochs, hyperparameters=DEFAULT_HYPERPARAMETERS),
-        outvoted_beta=OUTVOTED_BETA,  # the check on every non-test sample, as the command runs it
+        outvoted_beta=OUTVOTED_BETA,  # the check on held-out evidence, as the command runs it
         card=True,
         progress=ProgressLines(epochs, every=1),
         in_place=True,

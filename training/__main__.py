@@ -416,8 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         "--beta",
         type=_non_negative,
         help="weight of each view's own loss beside the fused one (the paper's beta; default 1, and the "
-        "heads trained again with 0.1 where the fused model is more than 1 point below its best view on the "
-        "non-test samples)",
+        "heads trained again with 0.1 where the fused model is below its best view on held-out samples: "
+        "out of fold, or the validation split's)",
     )
     own.add_argument(
         "--target-fpr",

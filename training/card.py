@@ -374,9 +374,16 @@ def _outvoted(report: FitReport) -> str:
     outcome = "kept" if o.kept else "not kept: no more accurate"
     return (
         f"; trained again with each view's own term weighted {o.beta:g}, as the fused model was below its "
-        f"best view `{o.best_view}` on the training and validation samples ({_percent(o.fused)} against "
+        f"best view `{o.best_view}` on {_held_out(report)} ({_percent(o.fused)} against "
         f"{_percent(o.best_view_accuracy)}): {_percent(o.again)}, {outcome}"
     )
+
+
+def _held_out(report: FitReport) -> str:
+    """The samples the outvoted check measured on: those the calibrations are fitted on."""
+    if report.cross_fitted is None:
+        return "the validation split"
+    return f"every non-test sample, out of fold ({report.cross_fitted.folds} models)"
 
 
 def _measured(candidate: Candidate) -> str:

@@ -97,6 +97,7 @@ class CrossFitted:
     split: FusedSplit
     epochs: int
     asked: int
+    folds: int
 
     @property
     def timed_out(self) -> bool:
@@ -172,7 +173,7 @@ def out_of_fold(
         method=config.method,
         lam=config.lam,
     )
-    return CrossFitted(split=split, epochs=models[0].history.epochs, asked=epochs)
+    return CrossFitted(split=split, epochs=models[0].history.epochs, asked=epochs, folds=k)
 
 
 def fused_out_of_fold(

@@ -29,7 +29,7 @@ import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +39,7 @@ from fusion import fuse, opinion_from_evidence
 from manifest import NAME_PATTERN, Manifest, Metrics
 from training.architecture import HeadChoice, Outvoted, choose_heads, unless_outvoted
 from training.baseline import compare, fit_baseline
-from training.calibrate import FusedSplit, PostHoc, calibrate, check_calibration_splits
+from training.calibrate import FusedSplit, calibrate, check_calibration_splits
 from training.card import write_card
 from training.crossfit import CrossFitted, out_of_fold, plan_cross_fitting
 from training.data import MultiViewData
@@ -103,9 +103,10 @@ def fit(
         (:func:`training.architecture.choose_heads`; each gets an equal share of the time limit);
         default: ``config.hidden`` alone.
     outvoted_beta : float, optional
-        Where the fused model is outvoted by its best view on the non-test samples, train the heads again
-        with this weight of each view's own term (:func:`training.architecture.unless_outvoted`; the
-        retraining gets a candidate's share of the time limit). None: never.
+        Where the fused model is outvoted by its best view on held-out evidence (the calibrations': out of
+        fold, or the validation split's), train the heads again with this weight of each view's own term
+        (:func:`training.architecture.unless_outvoted`; the retraining, and its own cross-fitting, get
+        the whole time limit each). None: never.
     name : str, optional
         The model's name (default: ``out_dir``'s).
     card : bool
@@ -139,19 +140,34 @@ def fit(
         early_stopping, time_limit = budget.early_stopping(len(sets.train), config), budget.seconds
     candidates = [config.hidden] if hidden is None else [tuple(widths) for widths in hidden]
     with _timed(seconds, "training"), _subnormals_flushed():
-        trained, choice, outvoted = _train(
+        trained, choice = _train(
             sets,
             data,
             config=config,
             candidates=candidates,
-            outvoted_beta=outvoted_beta,
             early_stopping=early_stopping,
             time_limit=time_limit,
             progress=progress,
         )
     config = replace(config, hidden=candidates[0] if choice is None else choice.chosen.hidden)
-    if outvoted is not None and outvoted.kept:
-        config = replace(config, beta=outvoted.beta)
+    with _timed(seconds, "calibration"), _subnormals_flushed():
+        held_out = _HeldOut(sets, num_classes=data.num_classes, config=config, seed=seed, progress=progress)
+        trained, calibration, outvoted = _unless_outvoted(
+            trained,
+            held_out,
+            view_names=data.view_names,
+            beta=outvoted_beta,
+            early_stopping=early_stopping,
+            time_limit=time_limit,
+            progress=progress,
+        )
+        if outvoted is not None and outvoted.kept:
+            config = replace(config, beta=outvoted.beta)
+        split, cross_fitted = calibration
+        folds = None if cross_fitted is None else cross_fitted.folds
+        post_hoc = calibrate(
+            split, target_false_positive_rate=target_false_positive_rate, folds=folds, seed=seed
+        )
     with _timed(seconds, "evaluation"):
         test = _fused(trained.heads, sets.test, sets.conflictive["test"], config=config)
         baseline = fit_baseline(sets, num_classes=data.num_classes, seed=seed)
@@ -162,17 +178,6 @@ def fit(
             acc_conflict=evaluation.acc_conflict,
             auc=evaluation.auc,
             acc_all_samples=_accuracy_over_everything(trained.heads, sets, config=config),
-        )
-    with _timed(seconds, "calibration"), _subnormals_flushed():
-        post_hoc, cross_fitted = _calibrate(
-            sets,
-            trained,
-            num_classes=data.num_classes,
-            config=config,
-            seed=seed,
-            target=target_false_positive_rate,
-            time_limit=time_limit,
-            progress=progress,
         )
     report = FitReport(
         data=data,
@@ -248,51 +253,118 @@ def _train(
     *,
     config: TrainConfig,
     candidates: list[tuple[int, ...]],
-    outvoted_beta: float | None,
     early_stopping: EarlyStopping | None,
     time_limit: float | None,
     progress: bool | Progress | Callable[[int], Progress] | None,
-) -> tuple[Trained, HeadChoice | None, Outvoted | None]:
+) -> tuple[Trained, HeadChoice | None]:
     """The served model: one head per view on the training split, stopped on the validation loss; with
     several candidate architectures (each with an equal share of the time limit), the one
-    :func:`training.architecture.choose_heads` picks on the validation split; trained again with
-    ``outvoted_beta`` where :func:`training.architecture.unless_outvoted` says so."""
+    :func:`training.architecture.choose_heads` picks on the validation split."""
     share = None if time_limit is None else time_limit / len(candidates)
-
-    def train_heads(widths: tuple[int, ...], beta: float = config.beta) -> Trained:
-        return train_members(
-            [list(sets.views.values())],
-            [data.labels],
-            num_classes=data.num_classes,
-            config=replace(config, hidden=widths, beta=beta),
-            seeds=[config.seed],
-            rows=[sets.train.rows],
-            present=[sets.present],
-            validation=[sets.validation],
-            early_stopping=early_stopping,
-            time_limit=share,
-            progress=progress,
-        )[0]
-
-    trained, choice = choose_heads(
-        train_heads,
+    return choose_heads(
+        lambda widths: _train_heads(
+            sets, data.num_classes, replace(config, hidden=widths), early_stopping, share, progress
+        ),
         candidates,
         sets.validation,
         sets.conflictive["validation"],
         method=config.method,
         lam=config.lam,
     )
-    if outvoted_beta is None:
-        return trained, choice, None
-    widths = candidates[0] if choice is None else choice.chosen.hidden
-    trained, outvoted = unless_outvoted(
-        trained,
-        lambda beta: train_heads(widths, beta),
-        lambda heads: _fused_non_test(heads.heads, sets, config=config),
-        data.view_names,
-        beta=outvoted_beta,
+
+
+def _train_heads(
+    sets: EvaluationSets,
+    num_classes: int,
+    config: TrainConfig,
+    early_stopping: EarlyStopping | None,
+    time_limit: float | None,
+    progress: bool | Progress | Callable[[int], Progress] | None,
+) -> Trained:
+    """One head per view, as ``config`` says, on the training split, stopped on the validation loss."""
+    return train_members(
+        [list(sets.views.values())],
+        [sets.everything.labels],
+        num_classes=num_classes,
+        config=config,
+        seeds=[config.seed],
+        rows=[sets.train.rows],
+        present=[sets.present],
+        validation=[sets.validation],
+        early_stopping=early_stopping,
+        time_limit=time_limit,
+        progress=progress,
+    )[0]
+
+
+Calibration = tuple[FusedSplit, CrossFitted | None]
+"""The evidence the calibrations are fitted on (of samples the served model did not train on, fused as it
+serves), and the cross-fitting that made it, if any."""
+
+
+@dataclass(frozen=True)
+class _HeldOut:
+    """How a model's held-out evidence is made: the clean validation split's, or where it is small every
+    non-test sample's out of fold (:mod:`training.crossfit`; the fold models get a time limit of their own,
+    as long as the served model's)."""
+
+    sets: EvaluationSets
+    num_classes: int
+    config: TrainConfig
+    seed: int
+    progress: bool | Progress | Callable[[int], Progress] | None
+
+    def __call__(self, trained: Trained, *, beta: float, time_limit: float | None) -> Calibration:
+        sets, config = self.sets, replace(self.config, beta=beta)
+        plan = plan_cross_fitting(sets, num_classes=self.num_classes, seed=self.seed)
+        if plan is None:
+            return _fused(trained.heads, sets.validation, sets.conflictive["validation"], config=config), None
+        epochs = trained.history.best_epoch
+        cross_fitted = out_of_fold(
+            plan,
+            sets,
+            num_classes=self.num_classes,
+            config=config,
+            epochs=epochs,
+            time_limit=time_limit,
+            progress=_labelled(self.progress, epochs, label=f"cross-fitting {plan.folds} models"),
+        )
+        return cross_fitted.split, cross_fitted
+
+
+def _unless_outvoted(
+    trained: Trained,
+    held_out: _HeldOut,
+    *,
+    view_names: Sequence[str],
+    beta: float | None,
+    early_stopping: EarlyStopping | None,
+    time_limit: float | None,
+    progress: bool | Progress | Callable[[int], Progress] | None,
+) -> tuple[Trained, Calibration, Outvoted | None]:
+    """The served heads and their held-out evidence; where that shows the fused model outvoted by its best
+    view, the heads trained again with ``beta`` (and their own held-out evidence) if more accurate there
+    (:func:`training.architecture.unless_outvoted`; None: never)."""
+    config = held_out.config
+    first = trained, held_out(trained, beta=config.beta, time_limit=time_limit)
+    if beta is None:
+        return *first, None
+
+    def train_again(beta: float) -> tuple[Trained, Calibration]:
+        again = _train_heads(
+            held_out.sets,
+            held_out.num_classes,
+            replace(config, beta=beta),
+            early_stopping,
+            time_limit,
+            progress,
+        )
+        return again, held_out(again, beta=beta, time_limit=time_limit)
+
+    (kept, calibration), outvoted = unless_outvoted(
+        first, train_again, lambda pair: pair[1][0], view_names, beta=beta
     )
-    return trained, choice, outvoted
+    return kept, calibration, outvoted
 
 
 def _fused(
@@ -309,54 +381,11 @@ def _fused(
     )
 
 
-def _fused_non_test(heads: EvidentialHeads, sets: EvaluationSets, *, config: TrainConfig) -> FusedSplit:
-    """Every sample but the test split's (training and validation), fused as the model serves."""
-    rows = np.sort(np.concatenate([sets.train.rows, sets.validation.rows]))
-    present = None if sets.present is None else sets.present[rows]
-    samples = Samples(sets.views, rows, sets.everything.labels[rows], present)
-    evidence = predict_evidence(heads, samples)
-    return FusedSplit.of_evidence(
-        evidence, samples.labels, method=config.method, lam=config.lam, present=present
-    )
-
-
 def _accuracy_over_everything(heads: EvidentialHeads, sets: EvaluationSets, *, config: TrainConfig) -> float:
     """The fused accuracy over every sample, training ones included (the manifest's ``acc_all_samples``)."""
     evidence = predict_evidence(heads, sets.everything)
     fused = fuse(opinion_from_evidence(evidence), config.method, lam=config.lam, mask=sets.present)
     return accuracy(fused.probability, sets.everything.labels)
-
-
-def _calibrate(
-    sets: EvaluationSets,
-    trained: Trained,
-    *,
-    num_classes: int,
-    config: TrainConfig,
-    seed: int,
-    target: float,
-    time_limit: float | None,
-    progress: bool | Progress | None,
-) -> tuple[PostHoc, CrossFitted | None]:
-    """The flag and the calibration section, fitted on the clean validation split, or cross-fitted on every
-    non-test sample where the validation split is small (:mod:`training.crossfit`; the fold models get a
-    time limit of their own, as long as the served model's)."""
-    plan = plan_cross_fitting(sets, num_classes=num_classes, seed=seed)
-    if plan is None:
-        split = _fused(trained.heads, sets.validation, sets.conflictive["validation"], config=config)
-        return calibrate(split, target_false_positive_rate=target, seed=seed), None
-    epochs = trained.history.best_epoch
-    cross_fitted = out_of_fold(
-        plan,
-        sets,
-        num_classes=num_classes,
-        config=config,
-        epochs=epochs,
-        time_limit=time_limit,
-        progress=_labelled(progress, epochs, label=f"cross-fitting {plan.folds} models"),
-    )
-    post_hoc = calibrate(cross_fitted.split, target_false_positive_rate=target, folds=plan.folds, seed=seed)
-    return post_hoc, cross_fitted
 
 
 def _labelled(progress: bool | Progress | None, total: int, *, label: str) -> bool | Progress | None:

@@ -51,7 +51,7 @@ class FitReport:
     choice : HeadChoice or None
         The head architectures measured on the validation split, where ``fit`` chose between several.
     outvoted : Outvoted or None
-        Where the fused model was outvoted by its best view on the non-test samples: the heads trained again.
+        Where the fused model was outvoted by its best view on held-out evidence: the heads trained again.
     cross_fitted : CrossFitted or None
         The fold models' run, where the calibrations were cross-fitted.
     """
@@ -115,7 +115,7 @@ class FitReport:
             record["outvoted"] = {
                 "best_view": self.outvoted.best_view,
                 "beta": self.outvoted.beta,
-                "non_test_accuracy": {
+                "held_out_accuracy": {
                     "fused": self.outvoted.fused,
                     "best_view": self.outvoted.best_view_accuracy,
                     "fused_trained_again": self.outvoted.again,

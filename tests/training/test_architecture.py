@@ -1,4 +1,4 @@
-"""The heads trained again where the fused model is outvoted by its best view on the validation split
+"""The heads trained again where the fused model is outvoted by its best view on held-out evidence
 (:func:`training.architecture.unless_outvoted`): the rule, on evidence made to order."""
 
 from __future__ import annotations
@@ -59,3 +59,15 @@ def test_heads_trained_again_are_kept_only_where_more_accurate():
         first, lambda beta: again, lambda t: outvoted_split, ["strong", "weak"], beta=0.3
     )
     assert kept is first and not outvoted.kept and outvoted.beta == 0.3 and outvoted.again == outvoted.fused
+
+
+def test_any_shortfall_below_the_best_view_trains_again():
+    """One sample in 100 below the best view (within the warning's margin) is enough to try again."""
+    first, again = object(), object()
+    splits = {
+        id(first): split({"strong": 95, "weak": 94}, confident="weak"),
+        id(again): split({"strong": 95, "weak": 94}),
+    }
+    kept, outvoted = unless_outvoted(first, lambda beta: again, lambda t: splits[id(t)], ["strong", "weak"])
+    assert (outvoted.fused, outvoted.best_view_accuracy, outvoted.again) == (0.94, 0.95, 0.95)
+    assert kept is again and outvoted.kept
