@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -422,14 +423,14 @@ def test_every_worker_serves_grpc_and_sigterm_stops_them_cleanly(triton):
 
 
 def test_sigterm_stops_grpc_calls_while_http_drains_and_answers_those_in_progress():
-    """SIGTERM while an HTTP request's body is still arriving and a gRPC call waits in its batch: gRPC takes
-    no new call from then on (not only once HTTP has drained: the two drains run side by side, within one
+    """SIGTERM while an HTTP request's body and a gRPC call's message are still arriving: gRPC takes no new
+    call from then on (not only once HTTP has drained: the two drains run side by side, within one
     DBF_GRACEFUL_SHUTDOWN_SECONDS), the call in progress is answered, then the HTTP request, and the process
     exits 0."""
     port = free_port()
     address = f"127.0.0.1:{port}"
-    env = {"DBF_GRPC_BATCH_DELAY_MS": "4000", "DBF_GRACEFUL_SHUTDOWN_SECONDS": "30"}
     handwritten = str(MODELS / "handwritten")
+    env = {"DBF_GRACEFUL_SHUTDOWN_SECONDS": "30"}
     with (
         service_process("--grpc-port", str(port), "--model-dir", handwritten, env=env) as (url, process),
         grpc.insecure_channel(address) as channel,
@@ -438,7 +439,18 @@ def test_sigterm_stops_grpc_calls_while_http_drains_and_answers_those_in_progres
         for name, array in features(1, seed=11).items():
             request.inputs.add(name=name, datatype="FP32", shape=array.shape)
             request.raw_input_contents.append(array.tobytes())
-        in_progress = infer_stub(channel).future(request, timeout=60)  # waits 4 s for its batch to fill
+        send = threading.Event()
+
+        def message() -> Any:  # the call starts at once; its message comes once ``send`` is set
+            send.wait(timeout=30)
+            yield request
+
+        infer = channel.stream_unary(
+            "/inference.GRPCInferenceService/ModelInfer",
+            request_serializer=pb.ModelInferRequest.SerializeToString,
+            response_deserializer=pb.ModelInferResponse.FromString,
+        )
+        in_progress = infer.future(message(), timeout=60)
         body = json.dumps({"samples": [{"views": {k: v[0].tolist() for k, v in features(1).items()}}]})
         head = (
             f"POST /predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -449,9 +461,9 @@ def test_sigterm_stops_grpc_calls_while_http_drains_and_answers_those_in_progres
             held.sendall(head + body[:100].encode())  # HTTP's drain waits for the rest of this body
             time.sleep(0.5)
             process.send_signal(signal.SIGTERM)
-            refused = None
-            deadline = time.monotonic() + 3  # before the call in progress has its answer
-            while refused is None and time.monotonic() < deadline:
+            refused = None  # UNAVAILABLE: the port closed (a call caught by the shutdown is CANCELLED)
+            deadline = time.monotonic() + 3  # well before HTTP's drain could end (its body timeout)
+            while refused != grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline:
                 with grpc.insecure_channel(address) as another:
                     try:
                         another.unary_unary("/inference.GRPCInferenceService/ServerLive")(b"", timeout=1)
@@ -459,6 +471,7 @@ def test_sigterm_stops_grpc_calls_while_http_drains_and_answers_those_in_progres
                         refused = error.code()
                 time.sleep(0.1)
             assert refused == grpc.StatusCode.UNAVAILABLE, "gRPC still took new calls while HTTP drained"
+            send.set()
             answer = in_progress.result()
             assert answer.id == "in-progress" and answer.outputs[0].name == "label"
             held.sendall(body[100:].encode())
