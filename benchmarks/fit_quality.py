@@ -21,6 +21,9 @@ AUROC, flag, coverage, set size, ECE
     The manifest's test figures: AUROC of "is conflictive" scored by fused uncertainty on the clean test
     samples and their conflictive copies; the share of each the high-conflict flag raises; the conformal
     sets' coverage and mean size at the default coverage (0.9); ECE of ``confidence``.
+again
+    In how many fits the heads were trained again because the fused model was outvoted by its best view
+    (``training.outvoted`` in the manifest), and in how many of those the second heads were kept.
 s/fit
     Wall time of the fit command, start-up included.
 
@@ -168,6 +171,7 @@ def _manifest_figures(manifest: Manifest) -> dict:
         "mean_set_size": calibration.test.mean_set_size,
         "ece": calibration.test.ece_confidence,
         "epochs": manifest.training.get("epochs"),
+        "outvoted": manifest.training.get("outvoted"),
     }
 
 
@@ -226,6 +230,8 @@ def summarise(name: str, runs: list[dict]) -> dict:
         mean_set_size=spread([r["mean_set_size"] for r in done]),
         ece=spread([r["ece"] for r in done]),
         seconds=spread([r["seconds"] for r in done]),
+        trained_again=sum(1 for r in done if r.get("outvoted")),
+        kept_again=sum(1 for r in done if (r.get("outvoted") or {}).get("kept")),
     )
     for rate, size in (("clean", "test_samples"), ("conflictive", "conflictive_samples")):
         counts = sum(round(r["flag"][rate] * r[size]) for r in done)
@@ -268,7 +274,7 @@ def table(summaries: list[dict], seeds: int) -> str:
     """Two tables, one row per data set: accuracy and time; conflict and calibration, with missed targets."""
     accuracy_rows = [
         f"{'data set':<14} {'n':>5} {'V':>2}  {'fused':<20}  {'best head':<20} {'(view)':<14} "
-        f"{'best view LR':<20}  {'baseline LR':<20}  {'s/fit':>6}"
+        f"{'best view LR':<20}  {'baseline LR':<20}  {'again':>5}  {'s/fit':>6}"
     ]
     conflict_rows = [
         f"{'data set':<14} {'AUROC':<20}  {'flag clean [95%]':<19}  {'flag conflictive':<19}  "
@@ -282,7 +288,8 @@ def table(summaries: list[dict], seeds: int) -> str:
         accuracy_rows.append(
             f"{s['dataset']:<14} {s['samples']:>5} {s['views']:>2}  {_spread(s['fused'])}  "
             f"{_spread(s['best_head'])} {'(' + s['best_head_view'] + ')':<14} "
-            f"{_spread(s['best_view_baseline'])}  {_spread(s['baseline'])}  {s['seconds'][0]:6.1f}{failed}"
+            f"{_spread(s['best_view_baseline'])}  {_spread(s['baseline'])}  "
+            f"{s['kept_again']:>2}/{s['trained_again']:<2}  {s['seconds'][0]:6.1f}{failed}"
         )
         low, high = s["coverage_range"]
         level = "" if s["coverage_level"] == [0.9] else f" (coverage at {s['coverage_level']})"

@@ -31,7 +31,8 @@ def test_one_data_set_one_seed_gives_a_row_per_table_and_every_run_in_json(tmp_p
     ).stdout
 
     assert re.search(
-        rf"^wine\s+178\s+2\s+{SPREAD}\s+{SPREAD} \((chemistry|colour)\)\s+{SPREAD}\s+{SPREAD}\s+{NUMBER}$",
+        rf"^wine\s+178\s+2\s+{SPREAD}\s+{SPREAD} \((chemistry|colour)\)\s+{SPREAD}\s+{SPREAD}"
+        rf"\s+[01]/[01]\s+{NUMBER}$",
         printed,
         re.M,
     ), printed
@@ -44,6 +45,7 @@ def test_one_data_set_one_seed_gives_a_row_per_table_and_every_run_in_json(tmp_p
     results = json.loads(out.read_text())
     (run,) = results["runs"]
     assert run["dataset"] == "wine" and run["seed"] == 0 and "error" not in run
+    assert run["outvoted"] is None or set(run["outvoted"]) >= {"best_view", "kept", "held_out_accuracy"}
     assert set(run["heads"]) == set(run["view_baselines"]) == {"chemistry", "colour"}
     fractions = [
         run["fused"],
