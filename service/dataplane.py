@@ -30,17 +30,20 @@ T = TypeVar("T")
 # Requests with at most this many sample-views are micro-batched with others; a bigger one is a batch
 # already, and runs alone (no queue).
 BATCHED_SAMPLE_VIEWS = 256
+# Work runs on the event loop when it is short (a millisecond or two at most), else on a thread, so that no
+# request stalls the others or /health for long. A hop to a thread and back costs far more than it saves
+# for short work: the GIL's hand-offs between the threads and the event loop (docs/benchmarks.md).
+#
 # A batch of at most this many feature values (samples x the views' dimensions) runs its heads and fusion on
-# the event loop when they run on the CPU: that is short, most of it dozens of small numpy calls that hold
-# the GIL, so a thread would stall the event loop as long and add the GIL's hand-offs besides (inline is the
-# faster: docs/benchmarks.md). Bigger batches, and heads on a GPU (whose
-# runs release the GIL while the device works), go to the inference threads.
-INLINE_PREDICT_FEATURES = 32 * 1024
-# CPU work of a codec runs on the event loop when it is this small (tens of microseconds), else on the
-# codec thread, so that no request stalls the others or /health. Decoding costs in proportion to the
-# body's bytes; encoding to the answer's numbers (samples x numbers per sample), whatever the body's size.
-INLINE_BODY_BYTES = 16 * 1024
-INLINE_ANSWER_VALUES = 4096
+# the event loop when they run on the CPU (most of it small numpy calls that hold the GIL). Bigger batches,
+# and heads on a GPU (whose runs release the GIL while the device works), go to the inference threads.
+INLINE_PREDICT_FEATURES = 256 * 1024
+# A codec's decoding and encoding (Codec.body_bytes, Codec.binary_answer): text (JSON) costs in
+# proportion to its bytes and numbers, binary tensors (copied and checked whole) far less per byte.
+INLINE_BODY_BYTES = 16 * 1024  # of text
+INLINE_ANSWER_VALUES = 4096  # numbers answered as text
+INLINE_TENSOR_BYTES = 4 << 20  # of binary tensors
+INLINE_TENSOR_VALUES = 256 * 1024  # numbers answered as binary tensors
 
 
 class Codec(Protocol):
@@ -63,6 +66,12 @@ class Codec(Protocol):
 
     def locate(self, error: InvalidInput, context: Any) -> InvalidInput:
         """A core error about one sample's view, worded in the protocol's grammar."""
+
+    def body_bytes(self, body: Any, headers: Mapping[str, str]) -> tuple[int, int]:
+        """The body's bytes of text (JSON: decoding costs in proportion) and of binary tensors (far less)."""
+
+    def binary_answer(self, context: Any) -> bool:
+        """Whether every number of the answer goes out in binary tensors (else some as text)."""
 
 
 class BodyBudget:
@@ -157,7 +166,7 @@ class DataPlane:
                     headers,
                     model.signature,
                     max_samples=self.settings.max_samples,
-                    inline=len(body) <= INLINE_BODY_BYTES,
+                    inline=_decodes_inline(*codec.body_bytes(body, headers)),
                 )
                 try:
                     result = await self.infer(model, decoded, batch_delay)
@@ -165,7 +174,8 @@ class DataPlane:
                     if error.sample is None:
                         raise
                     raise codec.locate(error, context) from None
-                small = len(result) * model.values_per_sample <= INLINE_ANSWER_VALUES
+                limit = INLINE_TENSOR_VALUES if codec.binary_answer(context) else INLINE_ANSWER_VALUES
+                small = len(result) * model.values_per_sample <= limit
                 return await self.run(codec.encode, context, result, inline=small)
 
     @contextmanager
@@ -219,6 +229,10 @@ class DataPlane:
             # a full garbage collection, which gc.freeze (service.reload) makes rare. Cleared, they go now.
             traceback.clear_frames(error.__traceback__)
             raise
+
+
+def _decodes_inline(text_bytes: int, tensor_bytes: int) -> bool:
+    return text_bytes <= INLINE_BODY_BYTES and tensor_bytes <= INLINE_TENSOR_BYTES
 
 
 def _check_answer(model: LoadedModel, samples: int, limit: int) -> None:

@@ -63,6 +63,16 @@ def accept(headers: Mapping[str, str]) -> None:
     """Nothing is refused before the message is read."""
 
 
+def body_bytes(body: Message, headers: Mapping[str, str]) -> tuple[int, int]:
+    """Raw tensors are binary; typed ones (each value a Python number on its way to an array) cost as text."""
+    return (0, len(body)) if body.request.raw_input_contents else (len(body), 0)
+
+
+def binary_answer(context: v2.Context) -> bool:
+    """Raw outputs (all of them, when any was asked for raw), else typed ones, each a Python number."""
+    return bool(context.binary)
+
+
 def decode(
     body: Message, headers: Mapping[str, str], signature: ModelSignature, *, max_samples: int
 ) -> tuple[InferenceRequest, v2.Context]:

@@ -45,6 +45,16 @@ def accept(headers: Mapping[str, str]) -> None:
         )
 
 
+def body_bytes(body: bytes, headers: Mapping[str, str]) -> tuple[int, int]:
+    """JSON: text, all of it."""
+    return len(body), 0
+
+
+def binary_answer(signature: ModelSignature) -> bool:
+    """JSON: text."""
+    return False
+
+
 def decode(
     body: bytes, headers: Mapping[str, str], signature: ModelSignature, *, max_samples: int
 ) -> tuple[InferenceRequest, ModelSignature]:

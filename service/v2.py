@@ -63,6 +63,19 @@ def accept(headers: Mapping[str, str]) -> None:
     """Nothing is refused before the body is read: JSON and binary requests alike."""
 
 
+def body_bytes(body: bytes, headers: Mapping[str, str]) -> tuple[int, int]:
+    """A JSON body is text; a binary one, its JSON header and its tensors."""
+    try:
+        length = header_length(headers.get(HEADER_LENGTH), len(body))
+    except InvalidInput:  # decoding words it
+        length = None
+    return (len(body), 0) if length is None else (length, len(body) - length)
+
+
+def binary_answer(context: Context) -> bool:
+    return len(context.binary) == len(context.outputs)
+
+
 def decode(
     body: bytes, headers: Mapping[str, str], signature: ModelSignature, *, max_samples: int
 ) -> tuple[InferenceRequest, Context]:
