@@ -374,6 +374,36 @@ def test_v2_binary_outputs_follow_output_then_request_then_body(binary_request, 
         }
 
 
+def test_each_codec_says_what_its_work_costs_in_proportion_to():
+    """What the core decides by where a codec's work runs (service.dataplane): a body's bytes of text
+    (JSON, costly per byte) and of binary tensors, and whether the answer's numbers go out binary."""
+    from service import grpc_codec
+    from service.proto import grpc_predict_v2_pb2 as pb
+
+    body = json.dumps({"inputs": [A]}).encode()
+    assert v1.body_bytes(body, {}) == v2.body_bytes(body, {}) == (len(body), 0)
+    tensor = {key: value for key, value in A.items() if key != "data"}
+    header = json.dumps({"inputs": [{**tensor, "parameters": {"binary_data_size": 8}}]}).encode()
+    binary = header + np.array([0.5, 0.25], "<f4").tobytes()
+    assert v2.body_bytes(binary, {v2.HEADER_LENGTH: str(len(header))}) == (len(header), 8)
+    assert v2.body_bytes(binary, {v2.HEADER_LENGTH: "no length"}) == (len(binary), 0)  # decode refuses it
+    request = pb.ModelInferRequest(model_name="toy")
+    request.inputs.add(name="a", datatype="FP32", shape=[1, 2]).contents.fp32_contents.extend([0.5, 0.25])
+    typed = grpc_codec.parse(request.SerializeToString())
+    assert grpc_codec.body_bytes(typed, {}) == (len(typed), 0)
+    request.inputs[0].ClearField("contents")
+    request.raw_input_contents.append(np.array([0.5, 0.25], "<f4").tobytes())
+    raw = grpc_codec.parse(request.SerializeToString())
+    assert grpc_codec.body_bytes(raw, {}) == (0, len(raw))
+
+    _, json_answer = v2.decode(body, {}, SIGNATURE, max_samples=8)
+    _, binary_answer = v2.decode(binary, {v2.HEADER_LENGTH: str(len(header))}, SIGNATURE, max_samples=8)
+    assert not v1.binary_answer(SIGNATURE) and not v2.binary_answer(json_answer)
+    assert v2.binary_answer(binary_answer) and grpc_codec.binary_answer(binary_answer)
+    mixed = dataclasses.replace(binary_answer, binary=frozenset(list(binary_answer.binary)[:1]))
+    assert not v2.binary_answer(mixed)
+
+
 def outcome(call, *args):
     """``(value, None)``, or ``(None, the service error)`` it raised."""
     try:
