@@ -73,6 +73,7 @@ def body_bytes(body: bytes, headers: Mapping[str, str]) -> tuple[int, int]:
 
 
 def binary_answer(context: Context) -> bool:
+    """Every output asked for binary (a JSON one costs as text)."""
     return len(context.binary) == len(context.outputs)
 
 

@@ -7,12 +7,15 @@
 3. train one evidential head per view with the paper's loss and the model's fusion
    (:func:`training.train.train_members`), on the rows that have each view; with several candidate
    architectures, each is trained and the one kept that :func:`training.architecture.choose_heads` picks;
-4. evaluate on the test split, fused once: the paper's measures (:func:`training.evaluate.measure`), and
+4. held-out evidence: the clean validation split's, or, where it is small, every non-test sample's out of
+   fold (:mod:`training.crossfit`); where it shows the fused model outvoted by its best view, the heads
+   trained again with the fused term first and kept if more accurate there
+   (:func:`training.architecture.unless_outvoted`);
+5. calibrate the flag, the confidence and the prediction sets on that evidence
+   (:func:`training.calibrate.calibrate`);
+6. evaluate on the test split, fused once: the paper's measures (:func:`training.evaluate.measure`), and
    against each view's head alone and a plain model of all views (:mod:`training.baseline`);
-5. calibrate the flag, the confidence and the prediction sets (:func:`training.calibrate.calibrate`) on the
-   clean validation split, or, where it is small, cross-fitted on every non-test sample
-   (:mod:`training.crossfit`);
-6. export the ONNX graphs, the manifest and the card (:mod:`training.card`), written all at once
+7. export the ONNX graphs, the manifest and the card (:mod:`training.card`), written all at once
    (:func:`training.export.write_model`).
 
 :func:`fit` is the one path: a user's data (``python -m training fit``: a budget of optimizer steps with early
@@ -152,7 +155,7 @@ def fit(
     config = replace(config, hidden=candidates[0] if choice is None else choice.chosen.hidden)
     with _timed(seconds, "calibration"), _subnormals_flushed():
         held_out = _HeldOut(sets, num_classes=data.num_classes, config=config, seed=seed, progress=progress)
-        trained, calibration, outvoted = _unless_outvoted(
+        trained, held_out_evidence, outvoted = _unless_outvoted(
             trained,
             held_out,
             view_names=data.view_names,
@@ -163,7 +166,7 @@ def fit(
         )
         if outvoted is not None and outvoted.kept:
             config = replace(config, beta=outvoted.beta)
-        split, cross_fitted = calibration
+        split, cross_fitted = held_out_evidence
         folds = None if cross_fitted is None else cross_fitted.folds
         post_hoc = calibrate(
             split, target_false_positive_rate=target_false_positive_rate, folds=folds, seed=seed
@@ -297,9 +300,9 @@ def _train_heads(
     )[0]
 
 
-Calibration = tuple[FusedSplit, CrossFitted | None]
-"""The evidence the calibrations are fitted on (of samples the served model did not train on, fused as it
-serves), and the cross-fitting that made it, if any."""
+HeldOutEvidence = tuple[FusedSplit, CrossFitted | None]
+"""Evidence of samples the served heads did not train on, fused as they serve (what the calibrations are
+fitted on and the outvoted check measures), and the cross-fitting that made it, if any."""
 
 
 @dataclass(frozen=True)
@@ -314,7 +317,7 @@ class _HeldOut:
     seed: int
     progress: bool | Progress | Callable[[int], Progress] | None
 
-    def __call__(self, trained: Trained, *, beta: float, time_limit: float | None) -> Calibration:
+    def __call__(self, trained: Trained, *, beta: float, time_limit: float | None) -> HeldOutEvidence:
         sets, config = self.sets, replace(self.config, beta=beta)
         plan = plan_cross_fitting(sets, num_classes=self.num_classes, seed=self.seed)
         if plan is None:
@@ -341,7 +344,7 @@ def _unless_outvoted(
     early_stopping: EarlyStopping | None,
     time_limit: float | None,
     progress: bool | Progress | Callable[[int], Progress] | None,
-) -> tuple[Trained, Calibration, Outvoted | None]:
+) -> tuple[Trained, HeldOutEvidence, Outvoted | None]:
     """The served heads and their held-out evidence; where that shows the fused model outvoted by its best
     view, the heads trained again with ``beta`` (and their own held-out evidence) if more accurate there
     (:func:`training.architecture.unless_outvoted`; None: never)."""
@@ -350,7 +353,7 @@ def _unless_outvoted(
     if beta is None:
         return *first, None
 
-    def train_again(beta: float) -> tuple[Trained, Calibration]:
+    def train_again(beta: float) -> tuple[Trained, HeldOutEvidence]:
         again = _train_heads(
             held_out.sets,
             held_out.num_classes,
@@ -361,10 +364,10 @@ def _unless_outvoted(
         )
         return again, held_out(again, beta=beta, time_limit=time_limit)
 
-    (kept, calibration), outvoted = unless_outvoted(
+    (kept, evidence), outvoted = unless_outvoted(
         first, train_again, lambda pair: pair[1][0], view_names, beta=beta
     )
-    return kept, calibration, outvoted
+    return kept, evidence, outvoted
 
 
 def _fused(
