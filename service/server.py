@@ -256,6 +256,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 "a request asking to Upgrade cannot carry a body here: send it without the Upgrade header",
             )
             raise _Refused
+        framing = _framing_fault(self.headers)
+        if framing is not None:
+            self.refusal = framing
+            raise _Refused
         self._cancel_deadline()
         self.head_open = self.head_started = False
         super().on_headers_complete()
@@ -423,6 +427,34 @@ class ConnectionAnswers:
 
 
 _CLOSE = (b"connection", b"close")
+
+
+# The headers that say how to read a body (Content-Length: the parser's). Given twice, the server and a proxy
+# before it could each take another and read different requests.
+_FRAMING = frozenset(
+    (b"transfer-encoding", b"content-encoding", b"content-type", b"inference-header-content-length")
+)
+
+
+def _framing_fault(headers: list[tuple[bytes, bytes]]) -> tuple[int, str, str] | None:
+    """The refusal (400) of a head giving a header of :data:`_FRAMING` twice, or a transfer coding besides
+    ``chunked`` (llhttp takes ``gzip, chunked`` and undoes the chunking alone: the body would be read
+    still gzipped; RFC 9112 suggests 501, but a client's mistake gets a 4xx here); None for neither."""
+    seen = set()
+    for name, value in headers:
+        if name in _FRAMING:
+            if name in seen:
+                return 400, "malformed_request", f"the {name.decode()} header is given twice: send it once"
+            seen.add(name)
+            if name == b"transfer-encoding" and value.strip().lower() != b"chunked":
+                shown = value.decode("latin-1")[:40]
+                return (
+                    400,
+                    "malformed_request",
+                    f"Transfer-Encoding {shown!r} is not supported: send the body chunked alone, or with a "
+                    "Content-Length (compressed: Content-Encoding)",
+                )
+    return None
 
 
 def _declared_length(headers: list[tuple[bytes, bytes]]) -> int | None:

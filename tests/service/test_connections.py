@@ -346,6 +346,49 @@ def test_an_upgrade_request_is_answered_as_plain_http():
         )
 
 
+def test_a_body_framed_two_ways_or_in_a_coding_not_undone_is_refused():
+    """A header that says how to read the body, given twice (a proxy taking the other value would read
+    another request), and a transfer coding besides chunked (llhttp undid the chunking and the body was read
+    still gzipped, or taken as plain JSON): 400, the connection closed. One of each, and chunked alone,
+    are read."""
+    body = json.dumps({"samples": random_samples(1)}).encode()
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    sized = b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    refused = {
+        "Content-Type twice": (b"Content-Type: application/json\r\nContent-Type: text/plain\r\n" + sized),
+        "Content-Encoding twice": (
+            b"Content-Type: application/json\r\nContent-Encoding: gzip\r\nContent-Encoding: identity\r\n"
+            + sized
+        ),
+        "Inference-Header-Content-Length twice": (
+            b"Content-Type: application/json\r\nInference-Header-Content-Length: 5\r\n"
+            b"Inference-Header-Content-Length: 7\r\n" + sized
+        ),
+        "gzip, chunked": b"Content-Type: application/json\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+        + chunked,
+        "gzip then chunked": (
+            b"Content-Type: application/json\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + chunked
+        ),
+    }
+    taken = {
+        "chunked": b"Content-Type: application/json\r\nTransfer-Encoding: Chunked \r\n\r\n" + chunked,
+        "sized": b"Content-Type: application/json\r\n" + sized,
+    }
+    with running_service("--model-dir", HANDWRITTEN) as url:
+        for name, rest in refused.items():
+            with socket.create_connection(address(url), timeout=10) as conn:
+                conn.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\n" + rest)
+                status, headers, error = error_of(read_answer(conn))
+            assert (status, error["type"], headers["connection"]) == (400, "malformed_request", "close"), name
+            assert ("twice" if "twice" in name else "Transfer-Encoding") in error["message"], (name, error)
+        for name, rest in taken.items():
+            with socket.create_connection(address(url), timeout=10) as conn:
+                conn.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + rest)
+                answer = read_answer(conn)
+            assert answer.startswith(b"HTTP/1.1 200 "), (name, answer[:300])
+
+
 def test_when_every_connection_is_receiving_a_body_a_probe_takes_the_stalest_place():
     """DBF_MAX_CONNECTIONS sockets all uploading slowly: a probe still gets in, in the place of the upload
     that started first (closed), and the service never holds more than the cap."""
