@@ -92,12 +92,16 @@ def agreement(conflict: Array, /, *, lam: float = 1.0, xp=None) -> Array:
     xp = namespace(conflict, xp=xp)
     if lam == 1.0:
         return 1 - conflict
+    # An exponent beyond the dtype's range acts as infinity does (x ** e is 0 for x below 1): taken at the
+    # dtype's largest, it is not cast to infinity, which numpy warns of. (lambda or 1 / lambda.)
+    largest = float(xp.finfo(conflict.dtype).max)
+    power, root = min(lam, largest), min(1 / lam, largest)
     one = xp.ones_like(conflict)
     positive = conflict > 0
-    powered = xp.where(positive, xp.where(positive, conflict, one) ** lam, 0 * conflict)
+    powered = xp.where(positive, xp.where(positive, conflict, one) ** power, 0 * conflict)
     rest = 1 - powered
     alive = rest > 0
-    return xp.where(alive, xp.where(alive, rest, one) ** (1 / lam), 0 * rest)
+    return xp.where(alive, xp.where(alive, rest, one) ** root, 0 * rest)
 
 
 def checked_lambda(lam: float) -> float:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -36,6 +38,22 @@ def test_capped_exponential_range_stays_finite_and_additive(backend, dtype, meth
     tolerance = 1e-3 if dtype == "float32" else 1e-9
     np.testing.assert_allclose(belief.sum(-1) + uncertainty, 1.0, atol=tolerance)
     assert (belief >= 0).all() and (uncertainty >= 0).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize(("lam", "limit"), [(1e308, 1e30), (5e-324, 1e-30), (1e-300, 1e-30)])
+def test_lambdas_beyond_the_dtypes_range_give_the_limit_without_warnings(backend, dtype, lam, limit):
+    """Any positive finite lambda is taken (a request may send 1e308): one whose power or root is beyond
+    float32's range gives what lambda -> infinity (or -> 0) gives, and numpy warns of no cast."""
+    from fusion.conflict import agreement
+
+    conflict = backend(np.array([0.0, 1e-6, 0.3, 0.99, 1.0], dtype=dtype))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = to_numpy(agreement(conflict, lam=lam))
+    np.testing.assert_array_equal(got, to_numpy(agreement(conflict, lam=limit)))
+    assert got.tolist() == ([1.0, 1.0, 1.0, 1.0, 0.0] if lam > 1 else [1.0, 0.0, 0.0, 0.0, 0.0])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
