@@ -173,8 +173,8 @@ def conformal_rank(samples: int, /, *, coverage: float) -> int:
     rank = nearest if abs(product - nearest) <= _RANK_TOLERANCE * (samples + 1) else math.ceil(product)
     if rank > samples:
         raise CoverageError(
-            f"coverage {coverage:g} needs at least {min_calibration_samples(coverage)} calibration samples "
-            f"(n >= c / (1 - c)); this model was calibrated on {samples}, enough for coverage up to "
+            f"coverage {float(coverage)!r} needs at least {min_calibration_samples(coverage)} calibration "
+            f"samples (n >= c / (1 - c)); this model was calibrated on {samples}, enough for coverage up to "
             f"n / (n + 1) = {max_coverage(samples):.6g}",
             coverage=coverage,
             samples=samples,
