@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from service.errors import InvalidInput
+from service.errors import InvalidInput, PayloadTooLarge
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,56 @@ class ModelSignature:
     def view_dims(self) -> np.ndarray:
         """(V,) each view's dimension."""
         return np.array([view.dim for view in self.views])
+
+    def json_items(self, max_samples: int) -> int:
+        """The most items (array elements and object members) a JSON request of at most ``max_samples``
+        samples holds: per sample its features, a member per view and two around them (v1's sample object
+        and its ``views``), and :data:`JSON_BESIDE_SAMPLES` for the rest (options, shapes, outputs)."""
+        return max_samples * (int(self.view_dims.sum()) + len(self.views) + 2) + JSON_BESIDE_SAMPLES
+
+    def json_containers(self, max_samples: int) -> int:
+        """The most arrays and objects a JSON request of at most ``max_samples`` samples holds: per sample
+        an array per view (v1's, or a row of v2's nested data) and two objects (v1's), four per input (v2's
+        object, parameters, shape and data), and :data:`JSON_BESIDE_SAMPLES` for the rest."""
+        return max_samples * (len(self.views) + 2) + 4 * len(self.views) + JSON_BESIDE_SAMPLES
+
+
+# JSON texts up to this size are parsed whatever they hold (the cost is bounded by their size); bigger ones
+# are first counted by :func:`check_json_text`.
+JSON_CHECKED_BYTES = 64 * 1024
+# Room in a JSON request for what is not its samples: options, shapes, outputs, parameters, an id.
+JSON_BESIDE_SAMPLES = 4096
+
+
+def check_json_text(text: bytes, signature: ModelSignature, *, max_samples: int) -> int:
+    """Refuse JSON ``text`` holding more items (413), or more arrays and objects (400), than a request of
+    at most ``max_samples`` samples of the model does, before any parser reads it; return how many ``[``
+    it has (the fast readers compare that with the arrays they read).
+
+    A parser's memory and time grow with a document's items, not its bytes: two bytes (``0,`` or
+    ``{},``) make a number on simdjson's tape (16 bytes) and a float64 (8), or a Python dict (64 and
+    more) where a reader walks or converts it. Items are counted by their commas (a container's items
+    but its first follow one), containers by their opening brackets and braces; those in strings count
+    too, so no count falls short.
+    """
+    from service import json_numbers  # the server's (simdjson); clients never decode requests
+
+    brackets = json_numbers.opening_brackets(text)
+    if len(text) <= JSON_CHECKED_BYTES:
+        return brackets
+    most = signature.json_items(max_samples)
+    if json_numbers.commas(text) >= most:
+        raise PayloadTooLarge(
+            f"the JSON body holds more than {most} items (numbers and other values); a request of at most "
+            f"{max_samples} samples of model {signature.name!r} holds fewer: send fewer samples a request"
+        )
+    containers, most = brackets + json_numbers.opening_braces(text), signature.json_containers(max_samples)
+    if containers > most:
+        raise InvalidInput(
+            f"not an inference request: {containers} JSON arrays and objects, where a request of at most "
+            f"{max_samples} samples of model {signature.name!r} has at most {most}"
+        )
+    return brackets
 
 
 def request_options(

@@ -25,7 +25,7 @@ T = TypeVar("T")
 _IDLE: queue.SimpleQueue[simdjson.Parser] = queue.SimpleQueue()
 _KEPT = min(os.cpu_count() or 1, 4)
 _KEPT_BYTES = 4 << 20
-_OPENING_BRACKET, _COLON = ord("["), ord(":")
+_OPENING_BRACKET, _OPENING_BRACE, _COLON, _COMMA = ord("["), ord("{"), ord(":"), ord(",")
 # From this size numpy's comparison counts a byte faster than ``bytes.count``; below it, its set-up costs
 # more than it saves.
 _NUMPY_COUNT_BYTES = 4096
@@ -93,6 +93,25 @@ def opening_brackets(text: bytes) -> int:
     3
     """
     return _count(text, _OPENING_BRACKET)
+
+
+def opening_braces(text: bytes) -> int:
+    """How many ``{`` there are in ``text`` (in strings too): at least as many as its objects.
+
+    >>> opening_braces(b'[{}, {"a": {"b": "{"}}]')
+    4
+    """
+    return _count(text, _OPENING_BRACE)
+
+
+def commas(text: bytes) -> int:
+    """How many ``,`` there are in ``text`` (in strings too): one before each item of its arrays and
+    objects but the first of each.
+
+    >>> commas(b'{"a": [1, 2, 3], "b": "x,y"}')
+    4
+    """
+    return _count(text, _COMMA)
 
 
 def colons(text: bytes) -> int:

@@ -22,7 +22,13 @@ import orjson
 
 from service import json_numbers
 from service.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
-from service.inference import InferenceRequest, ModelSignature, Result, request_options
+from service.inference import (
+    InferenceRequest,
+    ModelSignature,
+    Result,
+    check_json_text,
+    request_options,
+)
 from service.outputs import FIELDS, json_array, slices
 from service.schemas import PredictRequest
 
@@ -97,19 +103,23 @@ def locate(error: InvalidInput, signature: ModelSignature) -> InvalidInput:
 
 def parse(body: bytes, signature: ModelSignature, *, max_samples: int) -> InferenceRequest:
     """Validate a request body against the model's views (:class:`InvalidInput`, :class:`PayloadTooLarge`)."""
-    request = _parse_fast(body, signature, max_samples)
+    brackets = check_json_text(body, signature, max_samples=max_samples)
+    request = _parse_fast(body, signature, max_samples, brackets)
     return request if request is not None else _parse_strict(body, signature, max_samples)
 
 
-def _parse_fast(body: bytes, signature: ModelSignature, max_samples: int) -> InferenceRequest | None:
-    """The request, or None where :func:`_parse_strict` must decide (and explain)."""
+def _parse_fast(
+    body: bytes, signature: ModelSignature, max_samples: int, brackets: int
+) -> InferenceRequest | None:
+    """The request, or None where :func:`_parse_strict` must decide (and explain); ``brackets``: how many
+    ``[`` the body has."""
     read = json_numbers.read(body, lambda document: _read(document, signature, max_samples))
     if read is None:
         return None
     options, values, present, arrays = read
     # Each array the reader took as a view's values holds only numbers, and as many as the view's
     # dimension; as many brackets as those arrays (and ``samples``') means none was a nested array.
-    if json_numbers.opening_brackets(body) != arrays + 1:
+    if brackets != arrays + 1:
         return None
     try:
         method, lam, coverage = _options(options, signature)

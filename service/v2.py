@@ -30,7 +30,13 @@ import msgspec
 import numpy as np
 
 from service.errors import InvalidInput, PayloadTooLarge
-from service.inference import InferenceRequest, ModelSignature, Result, request_options
+from service.inference import (
+    InferenceRequest,
+    ModelSignature,
+    Result,
+    check_json_text,
+    request_options,
+)
 from service.lengths import MAX_DIGITS, declared_length
 from service.outputs import DTYPES, TENSORS, Output, json_array, slices
 from service.schemas import InferRequest
@@ -83,10 +89,11 @@ def decode(
     """A v2 request (JSON, or a JSON header plus binary tensors) -> the request; errors name the input."""
     length = header_length(headers.get(HEADER_LENGTH), len(body))
     header, binary = (body, b"") if length is None else (body[:length], body[length:])
+    brackets = check_json_text(header, signature, max_samples=max_samples)  # before any parser reads it
     # A JSON body, tensors and all: simdjson reads its data straight into doubles (flat: {input: values}).
     # A binary request's header, a small body, or anything the fast reader declines: msgspec, which words
     # any error.
-    fast = _read_fast(header) if length is None and len(header) >= _FAST_READ_BYTES else None
+    fast = _read_fast(header, brackets) if length is None and len(header) >= _FAST_READ_BYTES else None
     request, flat = fast if fast is not None else (_request(header), {})
     return tensors_request(request, flat, binary, signature, max_samples, binary_request=length is not None)
 
@@ -286,11 +293,12 @@ def _repeated_in(value: Any, where: str, skip: str | None = None) -> str:
     return ""
 
 
-def _read_fast(body: bytes) -> tuple[InferRequest, dict[int, np.ndarray]] | None:
+def _read_fast(body: bytes, brackets: int) -> tuple[InferRequest, dict[int, np.ndarray]] | None:
     """A JSON request read by simdjson: the request without its inputs' ``data``, and each input's data as
     float64 (msgspec's path skips over the data once, then makes a Python float of each number: twice the
     time). None for anything unusual (a repeated key, a ``[`` in a string, data not a flat list of numbers,
-    a field of the wrong type), which msgspec's path then reads, or refuses in its words."""
+    a field of the wrong type), which msgspec's path then reads, or refuses in its words. ``brackets``: how
+    many ``[`` the body has."""
     from service import json_numbers  # the server's (simdjson); clients never decode requests
 
     try:
@@ -299,7 +307,7 @@ def _read_fast(body: bytes) -> tuple[InferRequest, dict[int, np.ndarray]] | None
             return None
         plain, flat = read
         # As many brackets as lists read: no data held a nested list (whose numbers, flattened, could fit).
-        if json_numbers.opening_brackets(body) != json_numbers.lists_in(plain) + len(flat):
+        if brackets != json_numbers.lists_in(plain) + len(flat):
             return None
     except RecursionError:  # nested deeper than Python recurses (simdjson reads 1024 levels)
         return None

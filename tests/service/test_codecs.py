@@ -9,6 +9,7 @@ import gzip
 import json
 import math
 import zlib
+from contextlib import contextmanager
 from unittest import mock
 
 import msgspec
@@ -17,11 +18,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service import schemas, v1, v2
+from service import grpc_codec, inference, json_numbers, schemas, v1, v2
 from service.api.body import Inflater, content_length
 from service.errors import InvalidInput, PayloadTooLarge, ServiceError
 from service.inference import InferenceRequest, ModelSignature, Result, ViewSpec
+from service.json_numbers import opening_brackets
 from service.outputs import FIELDS, OUTPUTS, TENSORS
+from service.proto import grpc_predict_v2_pb2 as pb
 
 SIGNATURE = ModelSignature(
     name="toy",
@@ -320,8 +323,9 @@ def test_v2_bodies_with_members_msgspec_drops_are_looked_at_and_taken(extra, fas
 
 def test_ordinary_v2_json_bodies_are_read_fast():
     body = v2_body([A, {"name": "b", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}], id="r[1]x")
-    assert v2._read_fast(body) is None  # a bracket in a string: msgspec's path reads it
-    request, flat = v2._read_fast(v2_body([A], id="r1", parameters={"lambda": 2, "x": [1, {"y": [2]}]}))
+    assert v2._read_fast(body, opening_brackets(body)) is None  # a bracket in a string: msgspec reads it
+    body = v2_body([A], id="r1", parameters={"lambda": 2, "x": [1, {"y": [2]}]})
+    request, flat = v2._read_fast(body, opening_brackets(body))
     assert request.id == "r1" and request.parameters == {"lambda": 2, "x": [1, {"y": [2]}]}
     assert flat[0].tolist() == [0.5, 0.25] and request.inputs[0].data is msgspec.UNSET
 
@@ -377,9 +381,6 @@ def test_v2_binary_outputs_follow_output_then_request_then_body(binary_request, 
 def test_each_codec_says_what_its_work_costs_in_proportion_to():
     """What the core decides by where a codec's work runs (service.dataplane): a body's bytes of text
     (JSON, costly per byte) and of binary tensors, and whether the answer's numbers go out binary."""
-    from service import grpc_codec
-    from service.proto import grpc_predict_v2_pb2 as pb
-
     body = json.dumps({"inputs": [A]}).encode()
     assert v1.body_bytes(body, {}) == v2.body_bytes(body, {}) == (len(body), 0)
     tensor = {key: value for key, value in A.items() if key != "data"}
@@ -527,3 +528,181 @@ def test_requests_concatenate_for_micro_batching():
     both = InferenceRequest.concat([one, two])
     assert len(both) == 2 and both.present.tolist() == [[True, False], [False, True]]
     assert both.features["a"].tolist() == [[0.5, 0.25]] and both.features["b"].tolist() == [[1, 2, 3]]
+
+
+# --- bodies bounded by what a request holds, before they are parsed ------------------------------------
+
+MOST_SAMPLES = 16  # DBF_MAX_SAMPLES of these tests
+OUTPUT_NAMES = list(v2._offered(SIGNATURE))
+
+
+def largest_requests() -> dict[str, bytes]:
+    """The biggest JSON requests a client may send SIGNATURE's model with MOST_SAMPLES: every sample with
+    every view, every option and output named, and data flat or nested."""
+    rng = np.random.default_rng(0)
+    rows = {view.name: rng.random((MOST_SAMPLES, view.dim)).round(3) for view in SIGNATURE.views}
+    options = {"method": "dbf", "lambda": 2.0, "coverage": 0.9}
+    samples = [{"views": {name: r[i].tolist() for name, r in rows.items()}} for i in range(MOST_SAMPLES)]
+    outputs = [{"name": name, "parameters": {"binary_data": False}} for name in OUTPUT_NAMES]
+    parameters = {**options, "binary_data_output": False}
+
+    def v2_request(nested: bool) -> bytes:
+        inputs = [
+            {
+                "name": name,
+                "datatype": "FP32",
+                "shape": list(r.shape),
+                "parameters": {},
+                "data": r.tolist() if nested else r.ravel().tolist(),
+            }
+            for name, r in rows.items()
+        ]
+        return v2_body(inputs, id="r1", parameters=parameters, outputs=outputs)
+
+    return {
+        "v1": json.dumps({"samples": samples, **options}).encode(),
+        "v2 flat": v2_request(nested=False),
+        "v2 nested": v2_request(nested=True),
+    }
+
+
+def decode_any(protocol: str, body: bytes):
+    if protocol == "v1":
+        return v1.parse(body, SIGNATURE, max_samples=MOST_SAMPLES)
+    return v2.decode(body, {}, SIGNATURE, max_samples=MOST_SAMPLES)
+
+
+@pytest.mark.parametrize("protocol", ["v1", "v2 flat", "v2 nested"])
+def test_the_largest_requests_a_model_takes_are_within_the_json_counts(protocol):
+    """The counts refuse no request a client may send: the largest, every number of it and every container
+    counted (JSON_CHECKED_BYTES 0), is read."""
+    body = largest_requests()[protocol]
+    with mock.patch.object(inference, "JSON_CHECKED_BYTES", 0):
+        decoded = decode_any(protocol, body)
+    request = decoded if protocol == "v1" else decoded[0]
+    assert len(request) == MOST_SAMPLES and request.present.all()
+    items = SIGNATURE.json_items(MOST_SAMPLES) - inference.JSON_BESIDE_SAMPLES
+    assert json_numbers.commas(body) < items  # the bound is not loose by the room beside the samples
+
+
+@contextmanager
+def counted_unparsed():
+    """Every JSON text counted (JSON_CHECKED_BYTES 0), and no parser reading one: each raises if called."""
+    refuse = mock.Mock(side_effect=AssertionError("parsed"))
+    with (
+        mock.patch.object(inference, "JSON_CHECKED_BYTES", 0),
+        mock.patch.object(json_numbers, "read", refuse),
+        mock.patch.object(v2, "_DECODER", mock.Mock(decode=refuse)),
+        mock.patch.object(v1.json, "loads", refuse),
+    ):
+        yield
+
+
+def zeros(n: int) -> bytes:
+    return b"[%s]" % b",".join([b"0"] * n)
+
+
+FLOODS = {
+    "numbers in a view": lambda n: b'{"samples": [{"views": {"a": [%s]}}]}' % b",".join([b"0"] * n),
+    "numbers in data": lambda n: v2_body([{**A, "data": "X"}]).replace(
+        b'"X"', b"[%s]" % b",".join([b"0"] * n)
+    ),
+    "objects not ours": lambda n: b'{"inputs": [], "x": [%s]}' % b",".join([b"{}"] * n),
+}
+
+
+@pytest.mark.parametrize("flood", FLOODS)
+def test_json_of_more_items_than_a_request_holds_is_a_413_unparsed(flood):
+    """Two bytes a number (``0,``) or an object (``{},``), a body makes a parser's memory and time many times
+    its size: one with more items than the largest request is refused by a count of its commas."""
+    most = SIGNATURE.json_items(MOST_SAMPLES)
+    body = FLOODS[flood](most + 1)
+    protocol = "v1" if b'"samples"' in body else "v2 flat"
+    with counted_unparsed(), pytest.raises(PayloadTooLarge, match=f"more than {most} items"):
+        decode_any(protocol, body)
+
+
+@pytest.mark.parametrize(
+    ("protocol", "container"), [("v1", b"[]"), ("v1", b"{}"), ("v2 flat", b"[]"), ("v2 flat", b'{"k": 1}')]
+)
+def test_json_of_more_arrays_and_objects_than_a_request_holds_is_a_400_unparsed(protocol, container):
+    """Within the items, containers cost more (a Python dict or list where a reader walks or converts
+    them): more than the largest request's are refused by a count of ``[`` and ``{``."""
+    most = SIGNATURE.json_containers(MOST_SAMPLES)
+    flood = b"[%s]" % b",".join([container] * (most + 1))
+    body = (b'{"samples": [], "x": %s}' if protocol == "v1" else b'{"inputs": [], "x": %s}') % flood
+    with counted_unparsed(), pytest.raises(InvalidInput, match="JSON arrays and objects"):
+        decode_any(protocol, body)
+
+
+def infer_message(*, parameters: int = 0, inputs: tuple[int, ...] = (), outputs: tuple[int, ...] = ()):
+    """A ModelInferRequest with ``parameters`` entries, an input of each ``inputs`` entries of parameters
+    (and a name, datatype, shape and typed contents), an output of each ``outputs`` (and a name); and how
+    many fields it has, its inputs' and outputs' counted in."""
+    message = pb.ModelInferRequest(model_name="toy")
+    for k in range(parameters):
+        message.parameters[f"p{k}"].int64_param = k
+    for i, entries in enumerate(inputs):
+        tensor = message.inputs.add(name=f"v{i}", datatype="FP32", shape=[1, 2])
+        tensor.contents.fp32_contents.extend([0.5, 1.5])
+        for k in range(entries):
+            tensor.parameters[f"q{k}"].bool_param = True
+    for entries in outputs:
+        output = message.outputs.add(name="label")
+        for k in range(entries):
+            output.parameters[f"r{k}"].string_param = "x"
+    fields = 1 + parameters + sum(1 + 4 + n for n in inputs) + sum(1 + 1 + n for n in outputs)
+    return message.SerializeToString(), fields
+
+
+@given(
+    parameters=st.integers(0, 40),
+    inputs=st.lists(st.integers(0, 20), max_size=6),
+    outputs=st.lists(st.integers(0, 20), max_size=6),
+)
+def test_a_messages_fields_are_counted_on_the_wire_as_protobuf_writes_them(parameters, inputs, outputs):
+    body, fields = infer_message(parameters=parameters, inputs=tuple(inputs), outputs=tuple(outputs))
+    assert grpc_codec._fields_in(body, 0, len(body), grpc_codec._COUNTED_WITHIN) == fields
+
+
+@pytest.mark.parametrize(
+    "shape", [{"parameters": 8000}, {"inputs": (8000,)}, {"outputs": (4000, 4000)}, {"inputs": (0,) * 3500}]
+)
+def test_a_message_of_more_fields_than_a_request_has_is_refused_before_it_is_parsed(shape):
+    """protobuf's parser costs in proportion to the fields, and more for a map's distinct keys (1.5 million
+    ``parameters`` entries, 21 MB, took 31 s): past MOST_FIELDS a big message is refused unparsed."""
+    body, fields = infer_message(**shape)
+    assert fields > grpc_codec.MOST_FIELDS and len(body) > grpc_codec.COUNTED_BYTES
+    parsed = mock.patch.object(pb.ModelInferRequest, "FromString", side_effect=AssertionError("parsed"))
+    with parsed, pytest.raises(InvalidInput, match=f"more than {grpc_codec.MOST_FIELDS} fields"):
+        grpc_codec.parse(body)
+
+
+def test_messages_of_a_clients_size_are_parsed():
+    """A request of 1,024 samples of 64 views, raw, every output asked for: counted, and parsed."""
+    message = pb.ModelInferRequest(model_name="toy")
+    for v in range(64):
+        message.inputs.add(name=f"v{v}", datatype="FP32", shape=[1024, 4])
+        message.raw_input_contents.append(np.zeros((1024, 4), np.float32).tobytes())
+    for name in TENSORS:
+        message.outputs.add(name=name).parameters["binary_data"].bool_param = True
+    body = message.SerializeToString()
+    assert len(body) > grpc_codec.COUNTED_BYTES
+    assert len(grpc_codec.parse(body).request.inputs) == 64
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"int_contents": [1, 2]}, "int_contents for an FP32 input: send its values in fp32_contents"),
+        ({"fp64_contents": [0.5, 1.5]}, "fp64_contents for an FP32 input"),
+        ({"fp32_contents": [0.5, 1.5], "int_contents": [1]}, "int_contents for an FP32 input"),
+        ({}, "no fp32_contents and no raw_input_contents"),
+    ],
+)
+def test_typed_grpc_values_of_another_type_are_named_not_ignored(given, message):
+    request = pb.ModelInferRequest(model_name="toy")
+    request.inputs.add(name="a", datatype="FP32", shape=[1, 2], contents=pb.InferTensorContents(**given))
+    parsed = grpc_codec.parse(request.SerializeToString())
+    with pytest.raises(InvalidInput, match=f"inputs\\[0\\] \\(a\\): {message}"):
+        grpc_codec.decode(parsed, {}, SIGNATURE, max_samples=8)

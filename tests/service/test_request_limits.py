@@ -19,14 +19,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import grpc
 import httpx
 import numpy as np
 import pytest
 
 from service import v2
+from service.proto import grpc_predict_v2_pb2 as pb
 from tests.service.conftest import (
     MODELS,
     address,
+    free_port,
     get,
     probing,
     read_one,
@@ -512,3 +515,43 @@ def test_health_answers_while_a_big_answer_is_encoded(wide):
     outputs = json.loads(content)["outputs"]
     assert {o["name"]: o["shape"] for o in outputs}["view_belief"] == [n, 2, WIDE_CLASSES]
     assert answered == 3, f"/health answered {answered} times before the answer began"
+
+
+def test_bodies_that_parse_into_many_times_their_size_are_refused_unparsed():
+    """Within the body limit, bodies of two bytes an item (``{},`` ``[],`` ``0,``) or protobuf messages of
+    a million map entries made the parsers' memory 20 to 40 times their size, and their time seconds (a 30
+    MB JSON body took the service past 1 GiB and 17 s, then answered 200). Each is now refused before it is
+    parsed, the service's peak memory growing by a few times the body at most."""
+    grpc_port = free_port()
+    one = {"name": "mor", "shape": [1, 6], "datatype": "FP32", "data": [0.5] * 6}
+    objects = b"[" + b",".join([b"{}"] * 5_000_000) + b"]"  # 15 MB: within the limit, made by the models
+    floods = {
+        "v2, objects in a field not ours": ("/v2/models/handwritten/infer", b'{"inputs": [%s], "x": %s}'),
+        "v1, arrays in a field not ours": ("/predict", b'{"samples": [{"views": {"mor": [%s]}}], "x": %s}'),
+    }
+    message = pb.ModelInferRequest(model_name="handwritten")
+    for k in range(1_000_000):  # 14 MB of distinct keys
+        message.parameters[f"k{k}"].bool_param = True
+    infer = message.SerializeToString()
+    del message
+    headers = {"content-type": "application/json"}
+    with service_process("--model-dir", str(HANDWRITTEN), "--grpc-port", str(grpc_port)) as (url, proc):
+        before = _memory(proc.pid, "VmRSS")
+        statuses = {}
+        for name, (path, template) in floods.items():
+            first = json.dumps(one).encode() if path.startswith("/v2") else b"0.5, " * 5 + b"0.5"
+            body = template % (first, objects if name.startswith("v2") else objects.replace(b"{}", b"[]"))
+            answer = httpx.post(url + path, content=body, headers=headers, timeout=120)
+            statuses[name] = answer.status_code, answer.text[:120]
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+            with pytest.raises(grpc.RpcError) as refused:
+                call(infer, timeout=60)
+        statuses["gRPC, a million parameters"] = refused.value.code(), refused.value.details()[:80]
+        grown = _memory(proc.pid, "VmHWM") - before
+        assert httpx.get(url + "/health").status_code == 200
+    print(statuses, f"peak RSS grew by {grown / 2**20:.0f} MiB")
+    assert statuses["v2, objects in a field not ours"][0] == 413
+    assert statuses["v1, arrays in a field not ours"][0] == 413
+    assert statuses["gRPC, a million parameters"][0] == grpc.StatusCode.INVALID_ARGUMENT
+    assert grown < 8 * len(objects), f"{grown / 2**20:.0f} MiB"
