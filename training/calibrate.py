@@ -453,6 +453,24 @@ class PostHoc:
         figures = evaluate_calibration(self.section, test, coverages=(coverage,)).figures(coverage)
         return self.section.model_copy(update={"test": figures})
 
+    def flag_warnings(self, test: FusedSplit) -> list[str]:
+        """Where the flag's rate on the clean test samples is far from its target: its 95% interval
+        excludes the target and the rate is below half of it or above twice it (an interval alone misses
+        the target in one fit of twenty by chance). The threshold was fitted on other samples (out-of-fold
+        evidence, or the validation split): a view that carries nothing (a constant one, whose head's
+        single opinion differs from model to model) moves every sample's conflict at once."""
+        clean, _ = self.raised(test)
+        low, high = clean.interval
+        target = self.target_false_positive_rate
+        if low <= target <= high or target / 2 <= clean.value <= 2 * target:
+            return []
+        return [
+            f"the flag raised {clean.value:.1%} [{low:.1%}, {high:.1%}] of the {clean.total} clean test "
+            f"samples, against its target {target:.1%} on the samples its threshold was fitted on: it does "
+            "not carry over to new data. Look for a view that carries nothing (each view's accuracy alone "
+            "is above) and leave it out (--views), or fit more data"
+        ]
+
     def warnings(self) -> list[str]:
         """What the samples fitted on cannot support: the flag's target rate, the default coverage."""
         n, target = self.fitted_on.samples, self.target_false_positive_rate

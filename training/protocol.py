@@ -259,7 +259,9 @@ def draw_conflicts(
     For every sample ``i``, one view drawn uniformly is to be replaced by the same view of a sample of class
     ``(labels[i] + 1) mod K``, drawn from the candidates ``pool_indices`` (all rows when None). With
     ``present``, only a present view is replaced and only by a donor that has it (redrawn where the first
-    draw was not; complete data draws exactly as without it).
+    draw was not; complete data draws exactly as without it). Where no candidate of that class has that
+    view (a view missing for a whole class, or a class without candidates), another present view of the
+    sample is replaced, and failing that the donor comes from the class after, and so on.
 
     Parameters
     ----------
@@ -286,7 +288,7 @@ def draw_conflicts(
     Raises
     ------
     ValueError
-        For K < 2, an unknown source, or a target class without candidates in the pool.
+        For K < 2, an unknown source, or a sample that no candidate of another class shares a view with.
     """
     if source not in ("random", "prototype"):
         raise ValueError(f"source must be 'random' or 'prototype', got {source!r}")
@@ -311,28 +313,56 @@ def draw_conflicts(
         for i in np.flatnonzero(~present[np.arange(num_samples), replaced]):
             replaced[i] = rng.choice(np.flatnonzero(present[i]))
     targets = (labels + 1) % k
-    donors = np.empty(num_samples, dtype=np.int64)
+    donors = np.full(num_samples, -1, dtype=np.int64)  # -1: none yet
     for target in np.unique(targets):
         candidates = pool[labels[pool] == target]
         if candidates.size == 0:
-            raise ValueError(
-                f"no sample of class {target} among the candidates to take a conflicting view from"
-            )
+            continue  # drawn elsewhere below
         needing = np.flatnonzero(targets == target)
         if source == "prototype":
             donors[needing] = candidates[0]
         else:
             donors[needing] = candidates[rng.integers(candidates.size, size=needing.size)]
+    unmatched = donors < 0
     if present is not None:
-        for i in np.flatnonzero(~present[donors, replaced]):
-            candidates = pool[(labels[pool] == targets[i]) & present[pool, replaced[i]]]
-            if candidates.size == 0:
-                raise ValueError(
-                    f"no sample of class {targets[i]} with view {int(replaced[i])} among the candidates to "
-                    "take a conflicting view from"
-                )
-            donors[i] = candidates[0] if source == "prototype" else rng.choice(candidates)
+        unmatched |= ~present[donors, replaced]  # (a -1 reads the last row: unmatched already)
+    for i in np.flatnonzero(unmatched):
+        replaced[i], donors[i] = _another_donor(
+            i, labels, replaced[i], pool, k, rng=rng, source=source, present=present
+        )
     return replaced, donors
+
+
+def _another_donor(
+    i: int,
+    labels: np.ndarray,
+    replaced: int,
+    pool: np.ndarray,
+    k: int,
+    *,
+    rng: np.random.Generator,
+    source: ConflictSource,
+    present: np.ndarray | None,
+) -> tuple[int, int]:
+    """The view to replace and the donor of sample ``i`` where the next class has none with view
+    ``replaced``: the next class with a candidate having it, trying first ``replaced`` then the sample's other
+    present views, class after class."""
+    views = [replaced] + [
+        int(v)
+        for v in (range(len(present[i])) if present is not None else ())
+        if v != replaced and present[i, v]
+    ]
+    for step in range(1, k):
+        target = (labels[i] + step) % k
+        of_class = pool[labels[pool] == target]
+        for view in views:
+            candidates = of_class if present is None else of_class[present[of_class, view]]
+            if candidates.size:
+                return view, int(candidates[0] if source == "prototype" else rng.choice(candidates))
+    raise ValueError(
+        f"no sample of a class other than {int(labels[i])} shares a view with sample {i} among the "
+        "candidates to take a conflicting view from"
+    )
 
 
 def make_conflictive(

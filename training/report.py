@@ -78,7 +78,8 @@ class FitReport:
         """What the user should know before serving the model: where it falls short of a simpler one, and
         what the data cannot support."""
         cut_short = [] if self.cross_fitted is None else self.cross_fitted.warnings()
-        return self.comparison.warnings() + self.post_hoc.warnings() + cut_short
+        flag = self.post_hoc.flag_warnings(self.test)
+        return self.comparison.warnings() + self.post_hoc.warnings() + flag + cut_short
 
     def training(self) -> dict[str, object]:
         """The manifest's ``training`` record: settings, seed, epochs and split sizes."""

@@ -597,3 +597,39 @@ def test_a_fitted_model_is_served_after_a_reload_as_its_heads_and_fusion_answer(
             {name: float(discount[v]) for v, name in enumerate(order) if has[v]}, rel=1e-5, abs=1e-6
         )
     assert json.loads((repository / "pets" / "manifest.json").read_text())["classes"] == list(CLASSES)
+
+
+class _Scored:
+    """A split's flag scores alone: what :meth:`PostHoc.flag_warnings` reads of it."""
+
+    def __init__(self, clean: np.ndarray) -> None:
+        self.clean = {"max_conflict": clean, "uncertainty": clean}
+
+    def flag_scores(self):
+        return self.clean, self.clean
+
+
+@pytest.mark.parametrize(
+    ("raised", "warned"),
+    [(0, True), (3, True), (6, False), (10, False), (20, False), (45, True), (100, True)],
+)
+def test_a_flag_far_from_its_target_on_the_test_split_is_warned_about(raised, warned):
+    """At a 5% target, 200 clean test samples: a rate whose 95% interval excludes 5% and that is below half
+    or above twice the target is warned about (a constant view's head made it 50.8%); nearby rates are
+    not (an interval alone misses 5% in one fit of twenty)."""
+    from training.calibrate import PostHoc
+
+    post_hoc = PostHoc(
+        score="max_conflict",
+        threshold=0.5,
+        target_false_positive_rate=0.05,
+        separation={},
+        fitted=None,
+        fitted_on=None,
+        section=None,
+    )
+    scores = np.where(np.arange(200) < raised, 0.9, 0.1)
+    notes = post_hoc.flag_warnings(_Scored(scores))
+    assert bool(notes) == warned, notes
+    if warned:
+        assert f"raised {raised / 200:.1%}" in notes[0] and "target 5.0%" in notes[0]

@@ -8,10 +8,12 @@ import hashlib
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from training.data import MultiViewData, synthetic
 from training.loss import total_loss
-from training.protocol import evaluation_sets
+from training.protocol import draw_conflicts, evaluation_sets
 from training.readers import load
 
 # SHA-256 prefixes of the protocol's arrays for seed 0, as the code before the protocol had its own module
@@ -142,3 +144,43 @@ def test_a_missing_view_weighs_in_the_loss_as_if_it_were_absent():
         torch.testing.assert_close(masked, absent)
     masked.sum().backward()
     assert not evidence_masked.grad[:, :, 1].any()  # a missing view's head learns nothing from it
+
+
+@settings(max_examples=60)
+@given(
+    seed=st.integers(0, 2**16),
+    k=st.integers(2, 5),
+    views=st.integers(2, 4),
+    source=st.sampled_from(["random", "prototype"]),
+)
+def test_conflictive_copies_take_another_class_s_view_even_where_a_class_lacks_a_view(seed, k, views, source):
+    """Each copy replaces a view the sample has with the same view of a sample of another class that has it:
+    of the next class where one has it, else (a view missing for a whole class) another view, another
+    class. Complete data: always the next class."""
+    rng = np.random.default_rng(seed)
+    labels = np.repeat(np.arange(k), 6)
+    present = rng.random((labels.size, views)) < 0.7
+    present[np.arange(labels.size), rng.integers(views, size=labels.size)] = True
+    present[labels == rng.integers(k), rng.integers(views)] = False  # a view no sample of a class has
+    present[present.sum(axis=1) == 0, 0] = True
+    shares = (present.astype(int) @ present.T.astype(int) > 0) & (labels[:, None] != labels[None, :])
+    if not shares.any(axis=1).all():  # a sample no other class shares a view with: named
+        alone = int(np.flatnonzero(~shares.any(axis=1))[0])
+        with pytest.raises(ValueError, match=f"shares a view with sample {alone} "):
+            draw_conflicts(labels, num_views=views, rng=rng, source=source, present=present)
+        return
+    replaced, donors = draw_conflicts(labels, num_views=views, rng=rng, source=source, present=present)
+    rows = np.arange(labels.size)
+    assert present[rows, replaced].all() and present[donors, replaced].all()
+    assert (labels[donors] != labels).all()
+    replaced, donors = draw_conflicts(labels, num_views=views, rng=rng, source=source)
+    assert (labels[donors] == (labels + 1) % k).all()
+
+
+def test_a_sample_no_other_class_shares_a_view_with_is_named():
+    labels, present = (
+        np.array([0, 0, 1, 1]),
+        np.array([[True, False], [True, False], [False, True], [False, True]]),
+    )
+    with pytest.raises(ValueError, match="no sample of a class other than 0 shares a view with sample 0"):
+        draw_conflicts(labels, num_views=2, rng=np.random.default_rng(0), present=present)
