@@ -467,8 +467,8 @@ class PostHoc:
         return [
             f"the flag raised {clean.value:.1%} [{low:.1%}, {high:.1%}] of the {clean.total} clean test "
             f"samples, against its target {target:.1%} on the samples its threshold was fitted on: it does "
-            "not carry over to new data. Look for a view that carries nothing (each view's accuracy alone "
-            "is above) and leave it out (--views), or fit more data"
+            "not carry over to new data. Seen where a view carries nothing (a constant one: leave it out "
+            "with --views) and where a view is missing for some classes only; else fit more data"
         ]
 
     def warnings(self) -> list[str]:
