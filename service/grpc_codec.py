@@ -32,6 +32,17 @@ PROTOCOL = "grpc"  # the protocol label of its requests' metrics
 SERVICE = "inference.GRPCInferenceService"
 # Where a datatype's values go in InferTensorContents.
 _CONTENTS = {"FP32": "fp32_contents", "INT64": "int64_contents", "BOOL": "bool_contents"}
+# A message up to this size is parsed whatever it holds (the cost is bounded by its size: at most a few
+# thousand map entries); a bigger one has its fields counted first.
+COUNTED_BYTES = 64 * 1024
+MOST_FIELDS = 4096
+"""The most fields a ModelInferRequest may have, its inputs' and outputs' counted in: a request of a model
+of 64 views, every output asked for, has a few hundred."""
+# The fields whose messages' fields count too: a map's entries and a repeated message's elements are
+# what parsing costs in proportion to (entries of distinct keys more than in proportion).
+_COUNTED_WITHIN = frozenset(
+    pb.ModelInferRequest.DESCRIPTOR.fields_by_name[name].number for name in ("inputs", "outputs")
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,19 +62,6 @@ def parse(body: bytes) -> Message:
     if len(body) > COUNTED_BYTES:
         check_fields(body)
     return Message(read(pb.ModelInferRequest, body), len(body))
-
-
-# A message up to this size is parsed whatever it holds (the cost is bounded by its size: at most a few
-# thousand map entries); a bigger one has its fields counted first.
-COUNTED_BYTES = 64 * 1024
-MOST_FIELDS = 4096
-"""The most fields a ModelInferRequest may have, its inputs' and outputs' counted in: a request of a model
-of 64 views, every output asked for, has a few hundred."""
-# The fields whose messages' fields count too: a map's entries and a repeated message's elements are
-# what parsing costs in proportion to (entries of distinct keys more than in proportion).
-_COUNTED_WITHIN = frozenset(
-    pb.ModelInferRequest.DESCRIPTOR.fields_by_name[name].number for name in ("inputs", "outputs")
-)
 
 
 def check_fields(body: bytes) -> None:
