@@ -517,11 +517,14 @@ def test_prototype_within_a_pool_is_its_first_row():
     assert conflict["a"].ravel().tolist() == [3.0, 2.0, 3.0, 2.0]
 
 
-def test_conflict_needs_the_next_class_in_the_pool():
+def test_a_class_missing_from_the_pool_gives_its_place_to_the_class_after():
+    """Donors come from the next class; where the pool has none of it (class 2 here), from the class after
+    (class 0 for class 1's sample): every copy still conflicts."""
     labels = np.array([0, 1, 2])
-    views = {"a": np.zeros((3, 1))}
-    with pytest.raises(ValueError, match="class 2"):
-        make_conflictive(views, labels, rng=np.random.default_rng(0), pool_indices=np.array([0, 1]))
+    views = {"a": np.arange(3.0)[:, None]}
+    pool = np.array([0, 1])
+    conflicted, *_ = make_conflictive(views, labels, rng=np.random.default_rng(0), pool_indices=pool)
+    assert conflicted["a"].ravel().tolist() == [1.0, 0.0, 0.0]  # the donors' rows: classes 1, 0, 0
     with pytest.raises(ValueError, match="K >= 2"):
         make_conflictive(views, np.zeros(3, dtype=int), rng=np.random.default_rng(0))
 
