@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from fusion import METHODS
@@ -251,6 +252,28 @@ def _minutes(text: str) -> float:
     return minutes
 
 
+def _integer_from(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer from ``low`` (to ``high``, inclusive), or a message saying so."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            wanted = f"from {low} to {high:,}" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"expected an integer {wanted}, got {text!r}")
+        return value
+
+    return parse
+
+
+_epochs = _integer_from(1)  # 0 epochs would write an untrained model
+_patience = _integer_from(0)
+# 32 bits: a seed that torch's and numpy's generators, all seeded with it, take alike.
+_seed = _integer_from(0, 2**32 - 1)
+
+
 def _non_negative(text: str) -> float:
     try:
         value = float(text)
@@ -311,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         default=[1.0],
         help="comma-separated DBF strictness values (several: a sweep, plotted as lambda_sweep.png)",
     )
-    grid.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS)
+    grid.add_argument("--epochs", type=_epochs, default=DEFAULT_EPOCHS)
     grid.add_argument(
         "--activation",
         type=_names,
@@ -344,11 +367,11 @@ def main(argv: list[str] | None = None) -> int:
     out.add_argument("--data-dir", type=Path, default=Path(os.environ.get("DBF_DATA_DIR", "data")))
     out.add_argument("--method", default="dbf", choices=METHODS)
     out.add_argument("--lambda", dest="lam", type=float, default=1.0)
-    out.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS)
+    out.add_argument("--epochs", type=_epochs, default=DEFAULT_EPOCHS)
     out.add_argument(
         "--hidden", type=_hidden, default=(), help="hidden layer widths, e.g. 512,256 (default: linear heads)"
     )
-    out.add_argument("--seed", type=int, default=0)
+    out.add_argument("--seed", type=_seed, default=0)
     out.add_argument("--target-fpr", type=float, default=0.05, help="flag rate on clean calibration samples")
     out.set_defaults(run=_export)
 
@@ -385,13 +408,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     own.add_argument(
         "--epochs",
-        type=int,
+        type=_epochs,
         help=f"at most this many (default: {Budget.steps:,} optimizer steps' worth, at least the KL "
         "annealing's epochs)",
     )
     own.add_argument(
         "--patience",
-        type=int,
+        type=_patience,
         help="stop after this many epochs without a better validation loss (default: "
         f"{Budget.patience_steps:,} optimizer steps' worth, at least {Budget.min_patience}; 0: every epoch)",
     )
@@ -409,7 +432,9 @@ def main(argv: list[str] | None = None) -> int:
         f"linear or hidden layers of {','.join(map(str, SMALL_HIDDEN))}, whichever is more accurate on the "
         "validation split)",
     )
-    own.add_argument("--seed", type=int, default=0, help="seeds the split and the heads' initialisation")
+    own.add_argument(
+        "--seed", type=_seed, default=0, help="seeds the split and the heads' initialisation (0 to 2**32 - 1)"
+    )
     own.add_argument("--lambda", dest="lam", type=float, default=1.0, help="DBF's strictness (default 1)")
     own.add_argument("--method", default="dbf", choices=METHODS)
     own.add_argument(

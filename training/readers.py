@@ -7,19 +7,24 @@ count from 1), raised before anything is trained or written.
 ``DIR/`` (:func:`read_npy_directory`)
     ``<view>.npy`` per view, shape ``(N, d)``, any integer or floating dtype; labels in ``labels.npy``
     (``(N,)`` integers or strings) or ``labels.txt`` (one per line); optional ``classes.txt`` (class names in
-    label order). Every other ``.npy`` file is a view, named by its file name. Each is a regular file (a
-    symbolic link only to a file inside the directory), and a ``.npy`` file of Python objects is refused:
-    loading it would unpickle it, which can run code.
+    label order). Every other ``.npy`` file is a view, named by its file name; a file ending in ``.NPY`` (any
+    other case) is refused rather than left out unseen. Each is a regular file (a symbolic link only to a
+    file inside the directory), and a ``.npy`` file of Python objects is refused: loading it would unpickle
+    it, which can run code. The label and split files are named by a plain file stem, never a path.
 ``FILE.parquet`` (:func:`read_parquet`)
     A label column (``label``) and one column per view holding a list or fixed-size list of numbers per row
-    (a plain numeric column is a view of width 1); every other column is a view.
+    (a plain numeric column is a view of width 1); every other column is a view, except the index columns
+    pandas writes (``__index_level_0__``, or the index's name).
 a registry name (:func:`read_registered`)
     The benchmark dataset's ``.mat`` file in the data directory, as :mod:`training.registry` describes it.
 
 A missing view is a row of NaN in the ``.npy`` file or a null in the Parquet column. Labels that are
 strings become classes in sorted order (or in ``classes.txt`` / ``classes`` order); integer labels index the
-given class names, or else become classes in sorted order. Features are converted to float32 in chunks, so
-reading keeps one float32 copy of the data and little else. At most :data:`MAX_VIEWS` views are read.
+given class names, or else become classes in sorted order. Lines of a text file are integers only where
+every line is one as Python writes it (``7``, never ``07`` or ``+7``), else all are strings; a leading UTF-8
+byte order mark and blank lines at the end are left out. Features are converted to float32 in chunks, so
+reading keeps one float32 copy of the data and little else; a column that float32 cannot tell apart (large
+values of a small spread, such as ``1e9 + x``) is refused. At most :data:`MAX_VIEWS` views are read.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -68,6 +74,8 @@ _SPLIT_ALIASES = {
     "testing": 2,
 }
 _INTEGER = re.compile(r"[+-]?\d+")
+_INT64 = np.iinfo(np.int64)
+_EXACT_FLOAT = 2**53  # every integer up to this is a float64; beyond it, every other one is not
 _NPY_MAGIC = np.lib.format.MAGIC_PREFIX
 _FILE_KINDS = {
     stat.S_IFDIR: "a directory",
@@ -167,6 +175,17 @@ def read_npy_directory(
     ``train`` / ``validation`` / ``test`` per sample in the same way; ``classes`` overrides ``classes.txt``.
     """
     directory = Path(directory)
+    _check_stem(label_column, directory, option="--label-column", example="labels")
+    if split_column is not None:
+        _check_stem(split_column, directory, option="--split-column", example="fold")
+    miscased = sorted(
+        p.name for p in directory.glob("*") if p.suffix.lower() == ".npy" and p.suffix != ".npy"
+    )
+    if miscased:  # a view the user meant, else left out without a word
+        raise DataError(
+            f"{directory / miscased[0]}: fit reads files ending in .npy, in lower case; rename it "
+            f"{Path(miscased[0]).stem}.npy (or move it out of the directory)"
+        )
     reserved = {label_column, *([split_column] if split_column else [])}
     labels = _text_or_npy(directory, label_column, role="labels")
     if labels is None:
@@ -187,7 +206,7 @@ def read_npy_directory(
         raise DataError(f"{directory}: no view files (<view>.npy, one (N, d) matrix per view)")
     _check_views(names, directory, where=lambda name: str(directory / f"{name}.npy"))
     if classes is None and os.path.lexists(directory / "classes.txt"):
-        classes = _lines(directory / "classes.txt", directory=directory, role="classes")
+        classes = _class_names(directory / "classes.txt", directory=directory)
     # Shapes first, from the headers: a row-count mismatch is reported before any conversion.
     arrays = {name: _open_npy(directory / f"{name}.npy", directory=directory) for name in names}
     _check_rows(
@@ -206,6 +225,15 @@ def read_npy_directory(
         name=directory.resolve().name,
         source=str(directory),
     )
+
+
+def _check_stem(stem: str, directory: Path, *, option: str, example: str) -> None:
+    """A label or split file's stem: a name in ``directory``, never a path that leads out of it."""
+    if stem in ("", ".", "..") or "/" in stem or "\\" in stem:  # either separator, on every system
+        raise DataError(
+            f"{directory}: {option} {stem!r} is not a file name; it names a file in the data directory by "
+            f"its stem alone ({example} for {directory / example}.npy or .txt)"
+        )
 
 
 def _open_npy(path: Path, *, directory: Path) -> np.ndarray:
@@ -246,6 +274,8 @@ def _load_npy(path: Path, *, directory: Path, mmap: bool, instead: str) -> np.nd
 def _text_or_npy(directory: Path, stem: str, *, role: str) -> Column | None:
     """``stem.npy`` (1-D) or ``stem.txt`` (a value per line) in ``directory``; None when neither exists."""
     npy, txt = directory / f"{stem}.npy", directory / f"{stem}.txt"
+    if os.path.lexists(npy) and os.path.lexists(txt):
+        raise DataError(f"{npy} and {txt}: both hold the {role}; keep one, so that it is clear which is read")
     if os.path.lexists(npy):
         instead = (
             f"save the {role} as strings, np.save(path, np.asarray({role}, dtype=str)), or one per line "
@@ -256,20 +286,41 @@ def _text_or_npy(directory: Path, stem: str, *, role: str) -> Column | None:
             raise DataError(f"{npy}: shape {values.shape}; {role} are one value per sample, shape (N,)")
         return Column(values.reshape(-1), str(npy))
     if os.path.lexists(txt):
-        return Column(_lines(txt, directory=directory, role=role, keep_blank=True), str(txt))
+        lines = _lines(txt, directory=directory, role=role, keep_blank=True)
+        if "" in lines:  # before the rows are counted: a line left blank, not a label too many
+            one = "a label" if role == "labels" else f"a {role} value"
+            raise DataError(f"{txt} line {lines.index('') + 1}: empty; every sample needs {one}")
+        return Column(lines, str(txt))
     return None
 
 
 def _lines(path: Path, *, directory: Path, role: str, keep_blank: bool = False) -> list[str]:
+    """The stripped lines of a text file, but for blank ones at its end; blank ones between are kept with
+    ``keep_blank`` (a missing label is an error naming its line)."""
     _regular_file(path, directory=directory)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # Windows' editors begin a file with a byte order mark
     except (OSError, UnicodeDecodeError) as error:
         raise DataError(f"{path}: not a readable text file of {role} ({_reason(error)})") from None
     lines = [line.strip() for line in text.splitlines()]
+    while lines and not lines[-1]:  # an editor's blank lines at the end
+        lines.pop()
     if not keep_blank:
         lines = [line for line in lines if line]
     return lines
+
+
+def _class_names(path: Path, *, directory: Path) -> list[str]:
+    """``classes.txt``: a distinct name per line (blank lines left out)."""
+    lines = _lines(path, directory=directory, role="classes", keep_blank=True)
+    first: dict[str, int] = {}
+    for number, name in enumerate(lines, start=1):
+        if name and name in first:
+            raise DataError(
+                f"{path} line {number}: class {name!r} again (line {first[name]}); class names are distinct"
+            )
+        first.setdefault(name, number)
+    return [name for name in lines if name]
 
 
 # -- Parquet -------------------------------------------------------------------------------------------------
@@ -305,10 +356,14 @@ def read_parquet(
             raise DataError(
                 f"{path}: no {role} column {column!r} (columns: {', '.join(columns)}); name it with {option}"
             )
-    reserved = {label_column, split_column}
+    reserved = {label_column, split_column, *_pandas_index(file.schema_arrow)}
     names = list(views) if views is not None else [c for c in columns if c not in reserved]
+    counts = Counter(columns)
+    for name in (*names, label_column, split_column):
+        if counts[name] > 1:  # which of them is meant? pyarrow takes neither
+            raise DataError(f"{path}: {counts[name]} columns named {name!r}; give each its own name")
     for name in names:
-        if name not in columns or name in reserved:
+        if name not in columns or name in (label_column, split_column):
             raise DataError(f"{path}: no view column {name!r} (columns: {', '.join(columns)})")
     if not names:
         raise DataError(f"{path}: no view columns beside the label column {label_column!r}")
@@ -340,6 +395,19 @@ def read_parquet(
     )
 
 
+def _pandas_index(schema) -> list[str]:
+    """The columns pandas stored its index in (``__index_level_0__``, or the index's name): not views."""
+    import json
+
+    try:
+        pandas = json.loads((schema.metadata or {}).get(b"pandas", b"{}"))
+        stored = pandas.get("index_columns", [])
+    except (ValueError, AttributeError):  # metadata of another writer's making: no index known
+        return []
+    # A RangeIndex is stored as a description, not a column.
+    return [name for name in stored if isinstance(name, str)] if isinstance(stored, list) else []
+
+
 def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray:
     """One view column as a float32 ``(N, d)`` matrix with NaN rows for nulls, read batch by batch."""
     import pyarrow as pa
@@ -354,6 +422,7 @@ def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray
     if width == 0:
         raise DataError(f"{where}: width 0 (every sample needs at least one feature)")
     out: np.ndarray | None = None
+    rounding = None if np.can_cast(item.to_pandas_dtype(), np.float32) else _Rounding()
     start = 0
     batches = file.iter_batches(batch_size=_chunk_rows(width or 256), columns=[column], use_threads=False)
     for batch in batches:
@@ -387,9 +456,14 @@ def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray
             with np.errstate(over="ignore", invalid="ignore"):
                 block[valid] = values
             _check_block(block, where=where, offset=start)
+            if rounding is not None:
+                rounding.add(values, block[valid])
         start += n
     if out is None:  # every row null (or no rows): the width is unknowable
         raise DataError(f"{where}: every row is null, so the view has no features to learn from")
+    if rounding is not None:
+        rounding.check(where)
+    _check_varies(out, where=where)
     return out
 
 
@@ -533,8 +607,8 @@ def features(values: np.ndarray, *, where: str) -> np.ndarray:
     Raises
     ------
     DataError
-        Width 0, an infinite value (or one beyond float32's range), or a row partly NaN; naming ``where``,
-        the row and the column.
+        Width 0, an infinite value (or one beyond float32's range), or a row partly NaN, naming ``where``,
+        the row and the column; a column that float32 rounding would flatten (:class:`_Rounding`).
     """
     if values.ndim != 2:
         raise DataError(f"{where}: shape {values.shape}; a view is a matrix (N, d)")
@@ -546,6 +620,8 @@ def features(values: np.ndarray, *, where: str) -> np.ndarray:
         out = values
     else:
         out = np.empty((n, d), dtype=np.float32)
+    # float16, and integers of up to 16 bits, are float32 numbers already.
+    rounding = None if np.can_cast(values.dtype, np.float32) else _Rounding()
     step = _chunk_rows(d)
     for start in range(0, n, step):
         block = out[start : start + step]
@@ -553,7 +629,88 @@ def features(values: np.ndarray, *, where: str) -> np.ndarray:
             with np.errstate(over="ignore", invalid="ignore"):  # beyond float32's range: inf, reported below
                 block[...] = values[start : start + step]
         _check_block(block, where=where, offset=start)
+        if rounding is not None:  # a memory map's pages just read: the second reading is in memory
+            rounding.add(values[start : start + step], block)
+    if rounding is not None:
+        rounding.check(where)
+    _check_varies(out, where=where)
     return out
+
+
+def _check_varies(view: np.ndarray, *, where: str) -> None:
+    """A :class:`DataError` for a view whose every feature is the same in every sample that has it: its head
+    could learn nothing, and its one opinion, differing between the fold models and the served one, would
+    move every sample's conflict at once (the flag raised half of the clean test samples, against 5%)."""
+    with np.errstate(invalid="ignore"):
+        highest, lowest = np.fmax.reduce(view, axis=0), np.fmin.reduce(view, axis=0)
+    if view.shape[0] and (highest == lowest).all():
+        raise DataError(
+            f"{where}: every feature has one value in every sample (a constant view): there is nothing to "
+            "learn from it; leave it out (--views) or check how the file was written"
+        )
+
+
+class _Rounding:
+    """What float32, the model's and the service's type, makes of a view's columns, gathered block by block.
+
+    ``1e9 + x`` for a signal ``x`` of about 3 is 1e9 in float32, whose neighbouring numbers there are 64
+    apart: the column turns constant and its head learns nothing from it. A column is refused where the
+    rounding (``x - float32(x)``) varies by more than a tenth of the column's standard deviation. Both are
+    summed in float64, ``x`` shifted by its first row, so that the spread is kept beside the magnitude.
+    """
+
+    # A spread this small beside the magnitude is float64's own rounding noise (0.1 * 3 against 0.3), not a
+    # feature: the column is constant.
+    _CONSTANT = 1e-12
+    # float64 values summed at a time: a few passes over a piece this size stay in the processor's cache,
+    # where over a whole block (8 MB) they took twice as long.
+    _PIECE = 1 << 15
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.shift: np.ndarray | None = None
+        self.sums: np.ndarray | None = None  # per column: x, x^2 (shifted), rounding, rounding^2
+
+    def add(self, values: np.ndarray, converted: np.ndarray) -> None:
+        """``(rows, d)`` values as read (any numeric dtype) and as float32; rows of NaN (a missing view) are
+        passed over."""
+        present = ~np.isnan(converted[:, 0])
+        if not present.all():
+            values, converted = values[present], converted[present]
+        if not len(values):
+            return
+        if self.shift is None:
+            self.shift = np.asarray(values[0], dtype=np.float64)
+            self.sums = np.zeros((4, values.shape[1]))
+        rows = max(1, self._PIECE // values.shape[1])
+        for start in range(0, len(values), rows):
+            x = np.asarray(values[start : start + rows], dtype=np.float64)
+            for k, part in ((0, x - self.shift), (2, x - converted[start : start + rows])):
+                self.sums[k] += part.sum(axis=0)
+                self.sums[k + 1] += np.square(part, out=part).sum(axis=0)
+        self.count += len(values)
+
+    def check(self, where: str) -> None:
+        """Raise :class:`DataError` naming the first column float32 flattens, and how to keep it."""
+        if not self.count:
+            return
+        mean = self.sums[[0, 2]] / self.count
+        spread, rounding = np.sqrt(np.maximum(self.sums[[1, 3]] / self.count - mean**2, 0.0))
+        center = self.shift + mean[0]
+        flattened = (rounding > 0.1 * spread) & (spread > self._CONSTANT * np.abs(center))
+        if not flattened.any():
+            return
+        columns = np.flatnonzero(flattened)
+        column = int(columns[0])
+        around, by = center[column], spread[column]
+        gap = float(np.spacing(np.float32(abs(around))))
+        more = f"; and {columns.size - 1} more columns alike" if columns.size > 1 else ""
+        raise DataError(
+            f"{where} column {column}: values around {around:.6g} spread by only {by:.3g} (standard "
+            f"deviation{more}); float32, which the model computes in and the service takes, cannot hold that "
+            f"(its neighbouring values there are {gap:.3g} apart): subtract an offset (e.g. the column's "
+            f"mean, {around:.6g}) before fitting, and the same from every request"
+        )
 
 
 def _check_block(block: np.ndarray, *, where: str, offset: int) -> None:
@@ -578,7 +735,8 @@ def _check_block(block: np.ndarray, *, where: str, offset: int) -> None:
 
 
 def _check_views(names: Sequence[str], source: Path, *, where: Callable[[str], str]) -> None:
-    """At most :data:`MAX_VIEWS` views, each named as the API takes it; ``where(name)`` says where it is."""
+    """At most :data:`MAX_VIEWS` views, each once and named as the API takes it; ``where(name)`` says where
+    it is."""
     if len(names) > MAX_VIEWS:
         shown = ", ".join(names[:5])
         raise DataError(
@@ -586,6 +744,9 @@ def _check_views(names: Sequence[str], source: Path, *, where: Callable[[str], s
             "--views, or keep each view's features together (one (N, d) .npy matrix, or one Parquet column "
             "of lists of numbers, per view: a plain numeric column is a view of one feature)"
         )
+    twice = next((name for name in names if names.count(name) > 1), None)
+    if twice is not None:  # a file's views are named once each: the names are --views'
+        raise DataError(f"{source}: --views names {twice!r} twice; name each view once")
     for name in names:
         _check_view_name(name, where=where(name))
 
@@ -709,9 +870,9 @@ def _class_labels(labels: Column, classes: Sequence[str] | None) -> tuple[np.nda
     values = _typed(labels)
     if classes is not None:
         classes = tuple(str(c) for c in classes)
-        if len(set(classes)) != len(classes):
+        if len(set(classes)) != len(classes):  # classes.txt is checked as it is read, naming its lines
             duplicate = next(c for c in classes if classes.count(c) > 1)
-            raise DataError(f"class names must be distinct: {duplicate!r} is given twice")
+            raise DataError(f"--classes names {duplicate!r} twice; class names are distinct")
     if values.dtype.kind in "iu":
         if classes is None:
             unique, codes = np.unique(values, return_inverse=True)
@@ -746,18 +907,23 @@ def _class_labels(labels: Column, classes: Sequence[str] | None) -> tuple[np.nda
 
 
 def _typed(labels: Column) -> np.ndarray:
-    """Raw labels as one int64 or str array; missing, mixed or fractional labels are errors naming a row."""
+    """Raw labels as one int64 (uint64 beyond it) or str array; missing, mixed or fractional labels are errors
+    naming a row."""
     where = labels.where
     values = labels.values
-    if isinstance(values, list):  # text lines: integers if every line is one
-        for row, line in enumerate(values):
-            if not line:
-                raise DataError(f"{where} line {row + 1}: empty; every sample needs a label")
-        if all(_INTEGER.fullmatch(line) for line in values):
-            return np.array([int(line) for line in values], dtype=np.int64)
+    if isinstance(values, list):  # text lines: integers if every line is one, written as Python writes it
+        # '7' and '07', '1' and '+1' are two labels, '007' a name: as integers they would merge or change.
+        numbers = [int(line) for line in values if len(line) <= 20 and _INTEGER.fullmatch(line)]
+        if len(numbers) == len(values) and all(
+            str(number) == line and _INT64.min <= number <= _INT64.max
+            for number, line in zip(numbers, values, strict=True)
+        ):
+            return np.array(numbers, dtype=np.int64)
         return np.array(values, dtype=str)
     values = np.asarray(values).reshape(-1)
     kind = values.dtype.kind
+    if kind == "u" and values.size and values.max() > _INT64.max:
+        return values  # uint64 beyond int64: kept, so that 2**64 - 1 stays its own class, not -1
     if kind in "iu":
         return values.astype(np.int64)
     if kind == "b":
@@ -770,7 +936,15 @@ def _typed(labels: Column) -> np.ndarray:
         if fractional.any():
             row = int(np.argmax(fractional))
             raise DataError(
-                f"{where} row {row}: label {values[row]!r} is not a class (labels are integers or strings)"
+                f"{where} row {row}: label {values[row].item()!r} is not a class (labels are integers or "
+                "strings)"
+            )
+        inexact = np.abs(values) > _EXACT_FLOAT
+        if inexact.any():  # beyond 2**53 neighbouring floats differ by 2 or more: not the integers meant
+            row = int(np.argmax(inexact))
+            raise DataError(
+                f"{where} row {row}: label {values[row].item()!r} is too large to be an exact integer in "
+                "floating point; save the labels as integers or strings"
             )
         return values.astype(np.int64)
     if kind in "US":
@@ -793,7 +967,15 @@ def _typed(labels: Column) -> np.ndarray:
     if len(kinds) > 1:
         rows = ", ".join(f"row {row} is {kind}" for kind, row in kinds.items())
         raise DataError(f"{where}: labels of mixed types ({rows}); use integers or strings throughout")
-    return values.astype(np.int64) if "integer" in kinds else values.astype(str)
+    if "integer" in kinds:
+        beyond = [row for row, value in enumerate(values.tolist()) if not _INT64.min <= value <= _INT64.max]
+        if beyond:
+            raise DataError(
+                f"{where} row {beyond[0]}: label {values[beyond[0]]} is beyond 64-bit integers; save the "
+                "labels as strings"
+            )
+        return values.astype(np.int64)
+    return values.astype(str)
 
 
 def _split_codes(split: Column) -> np.ndarray:

@@ -1,0 +1,287 @@
+"""What ``python -m training fit`` reads, at the readers' level where that suffices: values float32 cannot
+hold, labels that would change on the way in (a uint64 beyond int64, ``01`` and ``1``, a byte order mark),
+files that would be read in silence or not at all (a path for a file stem, ``lidar.NPY``, pandas' index, two
+label files), options out of range, and messages that say what is wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.training.test_fit import QUICK, dataset, fit, list_column, read_manifest, write_npy
+from tests.training.test_fit_safety import refused
+from training.__main__ import main
+from training.data import DataError
+from training.readers import load
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    return write_npy(tmp_path / "data", *dataset())
+
+
+def with_labels_txt(directory: Path, text: str | bytes) -> Path:
+    (directory / "labels.npy").unlink()
+    path = directory / "labels.txt"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return directory
+
+
+# -- 1: a view float32 cannot tell apart -------------------------------------------------------------------
+
+
+def test_a_view_of_large_values_with_a_small_spread_is_refused_before_training(data, tmp_path, capsys):
+    image = np.load(data / "image.npy").astype(np.float64)
+    np.save(data / "image.npy", image + 1e9)  # float32 neighbours there are 64 apart: every row alike
+    error = refused(capsys, "--data", data, "--out", tmp_path / "model")
+    assert f"{data / 'image.npy'} column 0: values around 1e+09 spread by only" in error
+    assert "and 4 more columns alike" in error and "64 apart" in error
+    assert "subtract an offset (e.g. the column's mean, 1e+09) before fitting" in error
+    assert "every request" in error and error.count("\n") == 1
+    assert not (tmp_path / "model").exists()
+
+
+def test_the_rounding_is_measured_across_blocks_and_missing_rows(data, monkeypatch):
+    import training.readers
+
+    monkeypatch.setattr(training.readers, "_CHUNK_BYTES", 64)  # a few rows per block
+    sensor = np.load(data / "sensor.npy").astype(np.float64)
+    sensor[::3] = np.nan  # missing rows: passed over, not spread
+    sensor[:, 2] += 2e7  # float32 steps of 2 there, for a spread of about 3
+    np.save(data / "sensor.npy", sensor)
+    with pytest.raises(DataError, match=r"sensor\.npy column 2: values around 2e\+07 spread by only \d"):
+        load(data)
+    sensor[:, 2] = sensor[:, 2] - 2e7 + 1e5  # steps of 1/128 there: kept
+    np.save(data / "sensor.npy", sensor)
+    assert load(data).views["sensor"][1, 2] == np.float32(sensor[1, 2])
+
+
+def test_integers_float32_cannot_hold_are_refused(data):
+    np.save(
+        data / "text.npy", 10**12 + np.arange(60 * 3, dtype=np.int64).reshape(60, 3)
+    )  # ids, steps of 65536
+    with pytest.raises(DataError, match=r"text\.npy column 0: values around 1e\+12 .* 6\.55e\+04 apart"):
+        load(data)
+
+
+def test_constant_columns_and_ordinary_float64_views_are_read(data):
+    image = np.load(data / "image.npy").astype(np.float64) + 1e3
+    image[:, 0] = 1e9  # constant: nothing to lose
+    image[:, 1] = np.where(np.arange(60) % 2, 0.3, 0.1 * 3)  # constant but for float64's own rounding
+    np.save(data / "image.npy", image)
+    read = load(data)
+    np.testing.assert_array_equal(read.views["image"], image.astype(np.float32))
+
+
+def test_a_parquet_column_float32_cannot_hold_is_refused(tmp_path):
+    views, labels = dataset()
+    columns = {name: list_column(matrix) for name, matrix in views.items()}
+    offset = pa.array((np.arange(60) % 7 + 1e9).tolist(), type=pa.float64())  # a plain column: width 1
+    path = tmp_path / "data.parquet"
+    pq.write_table(pa.table({**columns, "stamp": offset, "label": pa.array(labels)}), path)
+    with pytest.raises(DataError, match=r"data\.parquet column 'stamp' column 0: values around 1e\+09"):
+        load(path)
+
+
+# -- 2-5: labels as they were written ----------------------------------------------------------------------
+
+
+def test_uint64_labels_beyond_int64_keep_their_values(data):
+    labels = np.repeat(np.array([2**64 - 1, 5, 2**63], dtype=np.uint64), 20)
+    np.save(data / "labels.npy", labels)
+    read = load(data)
+    assert read.class_names == ("5", "9223372036854775808", "18446744073709551615")
+    assert np.bincount(read.labels).tolist() == [20, 20, 20]
+
+
+def test_float_labels_are_refused_where_not_exact_integers_and_quoted_plainly(data):
+    np.save(data / "labels.npy", np.repeat([1e20, 1.0, 2.0], 20))
+    with pytest.raises(DataError, match=r"labels\.npy row 0: label 1e\+20 is too large to be an exact"):
+        load(data)
+    np.save(data / "labels.npy", np.repeat([2.0, 1.0, 2.5], 20))
+    with pytest.raises(DataError) as caught:
+        load(data)
+    assert str(caught.value).endswith(
+        "labels.npy row 40: label 2.5 is not a class (labels are integers or strings)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("lines", "classes"),
+    [
+        (["1", "01", "+1"], ("+1", "01", "1")),  # three labels, not one
+        (["007", "8", "9"], ("007", "8", "9")),  # a name, its zeros kept
+        (["-0", "1", "2"], ("-0", "1", "2")),
+        (["10", "9", "-1"], ("-1", "9", "10")),  # integers: by value
+    ],
+)
+def test_labels_txt_is_read_as_integers_only_where_every_line_is_one_as_written(data, lines, classes):
+    read = load(with_labels_txt(data, "\n".join(lines * 20) + "\n"))
+    assert read.class_names == classes
+    assert np.bincount(read.labels).tolist() == [20, 20, 20]
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_label_nor_class(data):
+    labels = np.load(data / "labels.npy")
+    with_labels_txt(data, b"\xef\xbb\xbf" + "\r\n".join(labels).encode() + b"\r\n")  # Windows' Notepad
+    (data / "classes.txt").write_bytes(b"\xef\xbb\xbfeel\r\ncat\r\ndog\r\n")
+    read = load(data)
+    assert read.class_names == ("eel", "cat", "dog")
+    assert read.class_names[read.labels[0]] == labels[0]
+
+
+def test_blank_lines_at_the_end_of_labels_txt_are_left_out_and_between_refused(data):
+    labels = np.load(data / "labels.npy")
+    assert load(with_labels_txt(data, "\n".join(labels) + "\n\n  \n")).num_samples == 60
+    text = data / "labels.txt"
+    text.write_text("\n".join([*labels[:2], "", *labels[2:]]) + "\n\n")
+    with pytest.raises(DataError, match=r"labels\.txt line 3: empty"):
+        load(data)
+
+
+# -- 6-7: options out of range -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--epochs", "0", "argument --epochs: expected an integer >= 1, got '0'"),
+        ("--epochs", "-1", "argument --epochs: expected an integer >= 1, got '-1'"),
+        ("--patience", "-1", "argument --patience: expected an integer >= 0, got '-1'"),
+        ("--seed", "-1", "argument --seed: expected an integer from 0 to 4,294,967,295, got '-1'"),
+        ("--seed", "99999999999999999999999", "argument --seed: expected an integer from 0 to 4,294,967,295"),
+        ("--seed", "seven", "argument --seed: expected an integer"),
+    ],
+)
+def test_options_out_of_range_are_refused_naming_them(option, value, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "m"), option, value])
+    assert stopped.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()
+
+
+def test_the_largest_seed_fits(data, tmp_path):
+    assert fit("--data", data, "--out", tmp_path / "model", "--seed", str(2**32 - 1), *QUICK) == 0
+    assert read_manifest(tmp_path / "model").training["seed"] == 2**32 - 1
+
+
+# -- 8-9: which files are read -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "stem"),
+    [("--split-column", "../other/fold"), ("--label-column", "../other/labels"), ("--split-column", "..")],
+)
+def test_a_label_or_split_file_is_named_by_a_plain_stem(option, stem, data, tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    np.save(other / "fold.npy", np.full(60, "train"))
+    np.save(other / "labels.npy", np.load(data / "labels.npy"))
+    (data / "labels.npy").rename(data / "kind.npy")
+    options = {"split_column": stem} if option == "--split-column" else {"label_column": stem}
+    with pytest.raises(DataError) as caught:
+        load(data, **({"label_column": "kind"} | options))
+    assert str(caught.value).startswith(f"{data}: {option} {stem!r} is not a file name")
+
+
+def test_a_view_file_in_another_case_is_refused_naming_it(data):
+    (data / "lidar.NPY").write_bytes((data / "text.npy").read_bytes())
+    with pytest.raises(DataError) as caught:
+        load(data)
+    assert str(caught.value) == (
+        f"{data / 'lidar.NPY'}: fit reads files ending in .npy, in lower case; rename it lidar.npy (or move "
+        "it out of the directory)"
+    )
+
+
+@pytest.mark.parametrize("index_name", [None, "sample"])
+def test_the_index_pandas_writes_is_not_a_view(index_name, tmp_path):
+    views, labels = dataset()
+    frame = pd.DataFrame(
+        {"label": labels, "image": list(views["image"]), "text": list(views["text"])}, index=np.arange(60) * 3
+    )
+    frame.index.name = index_name
+    frame.to_parquet(tmp_path / "data.parquet")
+    assert load(tmp_path / "data.parquet").view_names == ("image", "text")
+
+
+def test_labels_in_two_files_are_refused_naming_both(data):
+    text = data / "labels.txt"
+    text.write_text("\n".join(np.load(data / "labels.npy")) + "\n")
+    with pytest.raises(DataError) as caught:
+        load(data)
+    assert str(caught.value).startswith(f"{data / 'labels.npy'} and {text}: both hold the labels")
+
+
+# -- 10: messages that say what is wrong -------------------------------------------------------------------
+
+
+def test_a_view_named_twice_is_said_to_be(data, tmp_path):
+    with pytest.raises(DataError, match=r"--views names 'image' twice; name each view once"):
+        load(data, views=["image", "image"])
+    path = tmp_path / "data.parquet"
+    views, labels = dataset()
+    pq.write_table(pa.table({"image": list_column(views["image"]), "label": pa.array(labels)}), path)
+    with pytest.raises(DataError, match=r"--views names 'image' twice"):
+        load(path, views=["image", "image"])
+
+
+def test_two_parquet_columns_of_one_name_are_refused(tmp_path):
+    views, labels = dataset()
+    columns = [list_column(views["image"]), list_column(views["text"]), pa.array(labels)]
+    path = tmp_path / "data.parquet"
+    pq.write_table(pa.table(columns, names=["image", "image", "label"]), path)
+    with pytest.raises(DataError, match=r"data\.parquet: 2 columns named 'image'; give each its own name"):
+        load(path)
+
+
+def test_a_class_named_twice_is_refused_naming_where(data):
+    (data / "classes.txt").write_text("cat\ndog\n\ncat\n")
+    with pytest.raises(DataError) as caught:
+        load(data)
+    assert str(caught.value) == (
+        f"{data / 'classes.txt'} line 4: class 'cat' again (line 1); class names are distinct"
+    )
+    (data / "classes.txt").unlink()
+    with pytest.raises(DataError, match=r"^--classes names 'cat' twice; class names are distinct$"):
+        load(data, classes=["cat", "dog", "cat"])
+
+
+# -- a view that carries nothing -------------------------------------------------------------------------
+
+
+def test_a_constant_view_is_refused_before_training(data, tmp_path, capsys):
+    """A view of one value in every sample (missing rows aside) gave its head nothing to learn and made the
+    flag raise half of the clean test samples against its 5% target: refused, naming the file."""
+    sensor = np.load(data / "sensor.npy").astype(np.float32)
+    constant = np.ones_like(sensor)
+    constant[::4] = np.nan  # missing for some samples: the others are still all alike
+    np.save(data / "sensor.npy", constant)
+    error = refused(capsys, "--data", data, "--out", tmp_path / "model")
+    assert f"{data / 'sensor.npy'}: every feature has one value in every sample (a constant view)" in error
+    assert "--views" in error and not (tmp_path / "model").exists()
+    one_column_varies = constant.copy()
+    one_column_varies[1, 0] = 2.0
+    np.save(data / "sensor.npy", one_column_varies)
+    load(data)  # one feature that varies: read
+
+
+def test_a_constant_parquet_column_is_refused(tmp_path):
+    rng = np.random.default_rng(0)
+    labels = np.repeat([0, 1], 20)
+    table = pa.table(
+        {
+            "label": labels,
+            "camera": list_column(rng.normal(labels[:, None], 1.0, (40, 3))),
+            "sensor": list_column(np.zeros((40, 2))),
+        }
+    )
+    pq.write_table(table, tmp_path / "d.parquet")
+    with pytest.raises(DataError, match=r"column 'sensor'.*a constant view"):
+        load(tmp_path / "d.parquet")
