@@ -79,41 +79,50 @@ class ModelSignature:
 
 
 # JSON texts up to this size are parsed whatever they hold (the cost is bounded by their size); bigger ones
-# are first counted by :func:`check_json_text`.
+# are first counted by :func:`check_json_text` and :func:`check_json_containers`.
 JSON_CHECKED_BYTES = 64 * 1024
 # Room in a JSON request for what is not its samples: options, shapes, outputs, parameters, an id.
 JSON_BESIDE_SAMPLES = 4096
 
 
 def check_json_text(text: bytes, signature: ModelSignature, *, max_samples: int) -> int:
-    """Refuse JSON ``text`` holding more items (413), or more arrays and objects (400), than a request of
-    at most ``max_samples`` samples of the model does, before any parser reads it; return how many ``[``
-    it has (the fast readers compare that with the arrays they read).
+    """A 413 for JSON ``text`` holding more items than a request of at most ``max_samples`` samples of the
+    model does, before any parser reads it; return how many ``[`` it has (the fast readers compare that
+    with the arrays they read, and :func:`check_json_containers` adds it up).
 
-    A parser's memory and time grow with a document's items, not its bytes: two bytes (``0,`` or
-    ``{},``) make a number on simdjson's tape (16 bytes) and a float64 (8), or a Python dict (64 and
-    more) where a reader walks or converts it. Items are counted by their commas (a container's items
-    but its first follow one), containers by their opening brackets and braces; those in strings count
-    too, so no count falls short.
+    A parser's memory and time grow with a document's items, not its bytes: two bytes (``0,`` or ``{},``)
+    make a number on simdjson's tape (16 bytes) and a float64 (8), or a Python dict (64 and more). Items
+    are counted by their commas (a container's items but its first follow one; those in strings count
+    too, so the count never falls short).
     """
     from service import json_numbers  # the server's (simdjson); clients never decode requests
 
     brackets = json_numbers.opening_brackets(text)
+    if len(text) > JSON_CHECKED_BYTES:
+        most = signature.json_items(max_samples)
+        if json_numbers.commas(text) >= most:
+            raise PayloadTooLarge(
+                f"the JSON body holds more than {most} items (numbers and other values); a request of at "
+                f"most {max_samples} samples of model {signature.name!r} holds fewer: send fewer samples a "
+                "request"
+            )
+    return brackets
+
+
+def check_json_containers(text: bytes, brackets: int, signature: ModelSignature, *, max_samples: int) -> None:
+    """A 400 for JSON ``text`` (of ``brackets`` ``[``) holding more arrays and objects than a request of at
+    most ``max_samples`` samples does: before a parser that makes a Python object of each (json, msgspec)
+    reads it. (The fast readers, walking a simdjson document, bound their own walks.)"""
     if len(text) <= JSON_CHECKED_BYTES:
-        return brackets
-    most = signature.json_items(max_samples)
-    if json_numbers.commas(text) >= most:
-        raise PayloadTooLarge(
-            f"the JSON body holds more than {most} items (numbers and other values); a request of at most "
-            f"{max_samples} samples of model {signature.name!r} holds fewer: send fewer samples a request"
-        )
+        return
+    from service import json_numbers  # the server's (simdjson); clients never decode requests
+
     containers, most = brackets + json_numbers.opening_braces(text), signature.json_containers(max_samples)
     if containers > most:
         raise InvalidInput(
             f"not an inference request: {containers} JSON arrays and objects, where a request of at most "
             f"{max_samples} samples of model {signature.name!r} has at most {most}"
         )
-    return brackets
 
 
 def request_options(

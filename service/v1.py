@@ -26,6 +26,7 @@ from service.inference import (
     InferenceRequest,
     ModelSignature,
     Result,
+    check_json_containers,
     check_json_text,
     request_options,
 )
@@ -105,7 +106,10 @@ def parse(body: bytes, signature: ModelSignature, *, max_samples: int) -> Infere
     """Validate a request body against the model's views (:class:`InvalidInput`, :class:`PayloadTooLarge`)."""
     brackets = check_json_text(body, signature, max_samples=max_samples)
     request = _parse_fast(body, signature, max_samples, brackets)
-    return request if request is not None else _parse_strict(body, signature, max_samples)
+    if request is not None:
+        return request
+    check_json_containers(body, brackets, signature, max_samples=max_samples)  # json makes a dict of each
+    return _parse_strict(body, signature, max_samples)
 
 
 def _parse_fast(

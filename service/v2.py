@@ -31,9 +31,11 @@ import numpy as np
 
 from service.errors import InvalidInput, PayloadTooLarge
 from service.inference import (
+    JSON_BESIDE_SAMPLES,
     InferenceRequest,
     ModelSignature,
     Result,
+    check_json_containers,
     check_json_text,
     request_options,
 )
@@ -94,6 +96,8 @@ def decode(
     # A binary request's header, a small body, or anything the fast reader declines: msgspec, which words
     # any error.
     fast = _read_fast(header, brackets) if length is None and len(header) >= _FAST_READ_BYTES else None
+    if fast is None:
+        check_json_containers(header, brackets, signature, max_samples=max_samples)  # msgspec makes objects
     request, flat = fast if fast is not None else (_request(header), {})
     return tensors_request(request, flat, binary, signature, max_samples, binary_request=length is not None)
 
@@ -263,31 +267,37 @@ def _refuse_repeated_keys(header: bytes) -> None:
 
 def _repeated_key(document: Any) -> str:
     """Where an object of a request (simdjson's document, an object) repeats a key, at any depth but in its
-    inputs' data (numbers, or refused); "" if none does."""
+    inputs' data (numbers, or refused); "" if none does. Walked in Python: past :data:`JSON_BESIDE_SAMPLES`
+    values outside the inputs' data, which no request has, it stops and says so."""
     from service.json_numbers import Array
 
-    found = _repeated_in(document, "", skip="inputs")
+    left = [JSON_BESIDE_SAMPLES]
+    found = _repeated_in(document, "", left, skip="inputs")
     inputs = document.get("inputs")
     for i, tensor in enumerate(inputs if type(inputs) is Array else ()):
-        found = found or _repeated_in(tensor, f"inputs[{i}]", skip="data")
+        found = found or _repeated_in(tensor, f"inputs[{i}]", left, skip="data")
     return found
 
 
-def _repeated_in(value: Any, where: str, skip: str | None = None) -> str:
-    """Where ``value`` (simdjson's) or a value in it (but its member ``skip``) repeats a key: "" if none."""
+def _repeated_in(value: Any, where: str, left: list[int], skip: str | None = None) -> str:
+    """Where ``value`` (simdjson's) or a value in it (but its member ``skip``) repeats a key: "" if none;
+    ``left[0]``: how many values more may be visited."""
     from service.json_numbers import Array, Object, repeated_key
 
+    left[0] -= 1
+    if left[0] < 0:
+        return f"more than {JSON_BESIDE_SAMPLES} values outside the inputs' data"
     if type(value) is Object:
         key = repeated_key(value)
         if key is not None:
             return f"duplicate key {key!r} in {where or 'the request'}"
         for key in value:  # (items() would convert the value skipped, a tensor's data, too)
-            found = "" if key == skip else _repeated_in(value[key], f"{where}.{key}" if where else key)
+            found = "" if key == skip else _repeated_in(value[key], f"{where}.{key}" if where else key, left)
             if found:
                 return found
     elif type(value) is Array:
         for i, item in enumerate(value):
-            found = _repeated_in(item, f"{where}[{i}]")
+            found = _repeated_in(item, f"{where}[{i}]", left)
             if found:
                 return found
     return ""

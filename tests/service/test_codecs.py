@@ -586,12 +586,13 @@ def test_the_largest_requests_a_model_takes_are_within_the_json_counts(protocol)
 
 
 @contextmanager
-def counted_unparsed():
-    """Every JSON text counted (JSON_CHECKED_BYTES 0), and no parser reading one: each raises if called."""
+def counted_unparsed(*, simdjson: bool = False):
+    """Every JSON text counted (JSON_CHECKED_BYTES 0), and no parser reading one (each raises if called),
+    but simdjson where ``simdjson`` (its tape bounded by the items, its document walked by bounded walks)."""
     refuse = mock.Mock(side_effect=AssertionError("parsed"))
     with (
         mock.patch.object(inference, "JSON_CHECKED_BYTES", 0),
-        mock.patch.object(json_numbers, "read", refuse),
+        mock.patch.object(json_numbers, "read", json_numbers.read if simdjson else refuse),
         mock.patch.object(v2, "_DECODER", mock.Mock(decode=refuse)),
         mock.patch.object(v1.json, "loads", refuse),
     ):
@@ -625,14 +626,27 @@ def test_json_of_more_items_than_a_request_holds_is_a_413_unparsed(flood):
 @pytest.mark.parametrize(
     ("protocol", "container"), [("v1", b"[]"), ("v1", b"{}"), ("v2 flat", b"[]"), ("v2 flat", b'{"k": 1}')]
 )
-def test_json_of_more_arrays_and_objects_than_a_request_holds_is_a_400_unparsed(protocol, container):
-    """Within the items, containers cost more (a Python dict or list where a reader walks or converts
-    them): more than the largest request's are refused by a count of ``[`` and ``{``."""
+def test_json_of_more_arrays_and_objects_than_a_request_holds_is_a_400_unconverted(protocol, container):
+    """Within the items, containers cost more (a Python dict or list each, where json or msgspec reads
+    them): more than the largest request's are refused by a count of ``[`` and ``{`` before those parsers
+    read them (simdjson's reader declines such a body, its walk bounded)."""
     most = SIGNATURE.json_containers(MOST_SAMPLES)
     flood = b"[%s]" % b",".join([container] * (most + 1))
     body = (b'{"samples": [], "x": %s}' if protocol == "v1" else b'{"inputs": [], "x": %s}') % flood
-    with counted_unparsed(), pytest.raises(InvalidInput, match="JSON arrays and objects"):
+    with counted_unparsed(simdjson=True), pytest.raises(InvalidInput, match="JSON arrays and objects"):
         decode_any(protocol, body)
+
+
+def test_the_fast_readers_walk_of_what_is_beside_the_data_is_bounded():
+    """simdjson's document is walked in Python for repeated keys everywhere but in the inputs' data: a body
+    holding 20,000 numbers in a field not ours (within the items) is walked no further than
+    JSON_BESIDE_SAMPLES values, then read by msgspec, which skips that field."""
+    body = v2_body([A]).replace(b'"inputs"', b'"x": %s, "inputs"' % zeros(20_000))
+    walked = mock.Mock(wraps=v2._repeated_in)
+    with mock.patch.object(v2, "_repeated_in", walked), mock.patch.object(v2, "_FAST_READ_BYTES", 0):
+        request, _ = v2.decode(body, {}, SIGNATURE, max_samples=MOST_SAMPLES)
+    assert request.features["a"].tolist() == [[0.5, 0.25]]
+    assert walked.call_count <= inference.JSON_BESIDE_SAMPLES + 8
 
 
 def infer_message(*, parameters: int = 0, inputs: tuple[int, ...] = (), outputs: tuple[int, ...] = ()):
