@@ -156,6 +156,12 @@ def test_export_trains_the_hidden_layers_asked_for(data_dir, tmp_path):
         ("--hidden", "-8", "argument --hidden: expected"),
         ("--max-minutes", "0", "argument --max-minutes: expected a positive number of minutes, got '0'"),
         ("--max-minutes", "nan", "argument --max-minutes: expected a positive number of minutes"),
+        ("--epochs", "0", "argument --epochs: expected an integer >= 1, got '0'"),  # an untrained model
+        ("--epochs", "-1", "argument --epochs: expected an integer >= 1, got '-1'"),
+        ("--patience", "-1", "argument --patience: expected an integer >= 0, got '-1'"),
+        ("--seed", "-1", "argument --seed: expected an integer from 0 to 4,294,967,295, got '-1'"),
+        ("--seed", "99999999999999999999999", "argument --seed: expected an integer from 0 to 4,294,967,295"),
+        ("--seed", "seven", "argument --seed: expected an integer"),
     ],
 )
 def test_bad_training_options_are_refused_before_reading_the_data(option, value, message, tmp_path, capsys):

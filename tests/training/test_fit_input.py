@@ -15,7 +15,6 @@ import pytest
 
 from tests.training.test_fit import QUICK, dataset, fit, list_column, read_manifest, write_npy
 from tests.training.test_fit_safety import refused
-from training.__main__ import main
 from training.data import DataError
 from training.readers import load
 
@@ -144,26 +143,7 @@ def test_blank_lines_at_the_end_of_labels_txt_are_left_out_and_between_refused(d
         load(data)
 
 
-# -- 6-7: options out of range -----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("option", "value", "message"),
-    [
-        ("--epochs", "0", "argument --epochs: expected an integer >= 1, got '0'"),
-        ("--epochs", "-1", "argument --epochs: expected an integer >= 1, got '-1'"),
-        ("--patience", "-1", "argument --patience: expected an integer >= 0, got '-1'"),
-        ("--seed", "-1", "argument --seed: expected an integer from 0 to 4,294,967,295, got '-1'"),
-        ("--seed", "99999999999999999999999", "argument --seed: expected an integer from 0 to 4,294,967,295"),
-        ("--seed", "seven", "argument --seed: expected an integer"),
-    ],
-)
-def test_options_out_of_range_are_refused_naming_them(option, value, message, tmp_path, capsys):
-    with pytest.raises(SystemExit) as stopped:
-        main(["fit", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "m"), option, value])
-    assert stopped.value.code == 2
-    assert message in capsys.readouterr().err
-    assert not (tmp_path / "m").exists()
+# -- 7: the largest seed -----------------------------------------------------------------------------------
 
 
 def test_the_largest_seed_fits(data, tmp_path):
