@@ -30,6 +30,7 @@ Examples
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ __all__ = [
     "ProtocolName",
     "Samples",
     "conflictive_copy",
+    "copies_in_test",
     "draw_conflicts",
     "evaluation_sets",
     "make_conflictive",
@@ -590,6 +592,32 @@ def evaluation_sets(
         conflictive=sets,
         everything=samples(np.arange(data.num_samples)),
     )
+
+
+def copies_in_test(sets: EvaluationSets) -> int:
+    """How many clean test samples are exact copies (every view's features, missing ones too) of a training
+    or validation sample: their test figures measure memory, not generalisation.
+
+    Rows are compared by a 64-bit digest of each view's bytes, a chunk of rows at a time (no copy of the
+    data is sorted); two different rows share one with a chance of about 2**-64.
+    """
+
+    def digests(rows: np.ndarray) -> np.ndarray:
+        combined = np.zeros(rows.size, dtype=np.uint64)
+        for v, matrix in enumerate(sets.views.values()):
+            step = _chunk_rows(matrix.shape[1])
+            for start in range(0, rows.size, step):
+                block = np.ascontiguousarray(matrix[rows[start : start + step]])
+                keys = [hashlib.blake2b(row.tobytes(), digest_size=8, person=b"view%d" % v) for row in block]
+                combined[start : start + step] ^= np.array(
+                    [int.from_bytes(key.digest(), "little") for key in keys], dtype=np.uint64
+                )
+        return combined
+
+    fitted = sets.train.rows
+    if sets.validation is not None:
+        fitted = np.concatenate([fitted, sets.validation.rows])
+    return int(np.isin(digests(sets.test.rows), digests(fitted)).sum())
 
 
 def conflictive_copy(samples: Samples, *, rng: np.random.Generator, num_classes: int) -> Samples:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from manifest import FusionDefaults, Manifest, Metrics, OutOfRange, ViewEntry
 from training.architecture import HeadChoice, Outvoted
@@ -15,7 +16,7 @@ from training.crossfit import CrossFitted
 from training.data import MultiViewData
 from training.evaluate import Evaluation
 from training.export import provenance
-from training.protocol import EvaluationSets
+from training.protocol import EvaluationSets, copies_in_test
 from training.train import EarlyStopping, History, TrainConfig
 
 __all__ = ["FitReport"]
@@ -73,13 +74,23 @@ class FitReport:
     outvoted: Outvoted | None = None
     cross_fitted: CrossFitted | None = None
 
-    @property
+    @cached_property
     def warnings(self) -> list[str]:
         """What the user should know before serving the model: where it falls short of a simpler one, and
         what the data cannot support."""
         cut_short = [] if self.cross_fitted is None else self.cross_fitted.warnings()
         flag = self.post_hoc.flag_warnings(self.test)
-        return self.comparison.warnings() + self.post_hoc.warnings() + flag + cut_short
+        return self.comparison.warnings() + self.post_hoc.warnings() + flag + self._copies() + cut_short
+
+    def _copies(self) -> list[str]:
+        """Test samples that are copies of samples the model was fitted on: figures that flatter it."""
+        copies, total = copies_in_test(self.sets), len(self.sets.test)
+        if not copies:
+            return []
+        return [
+            f"{copies} of the {total} test samples are exact copies of training or validation samples: every "
+            "test figure here is optimistic; drop duplicate samples before fitting"
+        ]
 
     def training(self) -> dict[str, object]:
         """The manifest's ``training`` record: settings, seed, epochs and split sizes."""

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from training.data import MultiViewData, synthetic
 from training.loss import total_loss
-from training.protocol import draw_conflicts, evaluation_sets
+from training.protocol import copies_in_test, draw_conflicts, evaluation_sets
 from training.readers import load
 
 # SHA-256 prefixes of the protocol's arrays for seed 0, as the code before the protocol had its own module
@@ -184,3 +184,22 @@ def test_a_sample_no_other_class_shares_a_view_with_is_named():
     )
     with pytest.raises(ValueError, match="no sample of a class other than 0 shares a view with sample 0"):
         draw_conflicts(labels, num_views=2, rng=np.random.default_rng(0), present=present)
+
+
+def test_test_samples_copied_from_the_fitted_ones_are_counted():
+    """A data set holding every sample twice puts copies of training samples in the test split: counted
+    (the fit warns: its test figures are optimistic); distinct samples, or one view differing, are not."""
+    data = synthetic(200, seed=0)
+    assert copies_in_test(evaluation_sets(data, seed=0)) == 0
+    twice = MultiViewData(
+        views={name: np.concatenate([matrix, matrix]) for name, matrix in data.views.items()},
+        labels=np.concatenate([data.labels, data.labels]),
+        class_names=data.class_names,
+        name="twice",
+    )
+    sets = evaluation_sets(twice, seed=0)
+    test, fitted = sets.test.rows % 200, np.concatenate([sets.train.rows, sets.validation.rows]) % 200
+    assert copies_in_test(sets) == np.isin(test, fitted).sum() > 0
+    first = next(iter(twice.views))
+    twice.views[first][200:] += 1.0  # the second copies differ in one view now
+    assert copies_in_test(evaluation_sets(twice, seed=0)) == 0
