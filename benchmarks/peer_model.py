@@ -1,6 +1,7 @@
 """What the peers of :mod:`benchmarks.peers` compute, once for both: dbf-serve's heads and fusion in plain
-numpy, onnxruntime and this repository's ``fusion`` package (the same tensors dbf-serve answers, DBF, the
-calibrated flag), with no server's types, so that MLServer's runtime (:mod:`benchmarks.mlserver_runtime`)
+numpy, onnxruntime and this repository's ``fusion`` and ``calibration`` packages (the same tensors dbf-serve
+answers: a view out of its training range fused as missing, DBF, the calibrated flag, the calibrated
+confidence and the conformal prediction set at the default coverage), with no server's types, so that MLServer's runtime (:mod:`benchmarks.mlserver_runtime`)
 and KServe's (:mod:`benchmarks.kserve_runtime`) do the same work and differ only in how they serve it.
 """
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 
+from calibration import ModelCalibration
 from fusion import fuse, opinion_from_evidence
 
 
@@ -29,6 +31,13 @@ class PeerModel:
             )
             for view in self.manifest["views"]
         }
+        section = self.manifest["calibration"]
+        self.calibration = ModelCalibration.from_parameters(
+            confidence=section["confidence"],
+            score=section["conformal"]["score"],
+            calibration_scores=section["conformal"]["calibration_scores"],
+            default_coverage=section["conformal"]["default_coverage"],
+        )
 
     def predict(self, given: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The output tensors by name for ``given`` {view: (N, dim) float32} (views left out are missing)."""
@@ -37,10 +46,14 @@ class PeerModel:
         k = len(self.manifest["classes"])
         evidence = np.zeros((n, len(views), k), np.float32)
         present = np.zeros((n, len(views)), bool)
+        out_of_range = np.zeros((n, len(views)), bool)
         for v, name in enumerate(views):
             if name in given:
-                evidence[:, v] = self.sessions[name].run(["evidence"], {"features": given[name]})[0]
+                evidence[:, v], excess = self.sessions[name].run(None, {"features": given[name]})
                 present[:, v] = True
+                out_of_range[:, v] = ~(excess <= self.manifest["out_of_range"]["threshold"])
+        evidence[out_of_range] = 0.0
+        present &= ~out_of_range
         opinions = opinion_from_evidence(evidence)
         fusion = self.manifest["fusion"]
         fused = fuse(
@@ -62,4 +75,7 @@ class PeerModel:
             "blamed_view": np.where(flagged, blame, -1).astype(np.int64),
             "view_belief": opinions.belief,
             "view_uncertainty": opinions.uncertainty,
+            "confidence": self.calibration.confidence(fused.belief, fused.uncertainty).astype(np.float32),
+            "prediction_set": self.calibration.prediction_set(fused.probability),
+            "out_of_range": out_of_range,
         }
