@@ -1,8 +1,9 @@
 """What the peers of :mod:`benchmarks.peers` compute, once for both: dbf-serve's heads and fusion in plain
 numpy, onnxruntime and this repository's ``fusion`` and ``calibration`` packages (the same tensors dbf-serve
 answers: a view out of its training range fused as missing, DBF, the calibrated flag, the calibrated
-confidence and the conformal prediction set at the default coverage), with no server's types, so that MLServer's runtime (:mod:`benchmarks.mlserver_runtime`)
-and KServe's (:mod:`benchmarks.kserve_runtime`) do the same work and differ only in how they serve it.
+confidence and the conformal prediction set at the default coverage), with no server's types, so that
+MLServer's runtime (:mod:`benchmarks.mlserver_runtime`) and KServe's (:mod:`benchmarks.kserve_runtime`) do
+the same work and differ only in how they serve it.
 """
 
 from __future__ import annotations
