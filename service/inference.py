@@ -192,7 +192,7 @@ class Result:
     conflict: np.ndarray  # (N, V, V)
     discount: np.ndarray  # (N, V)
     high_conflict: np.ndarray  # (N,) bool
-    blamed_view: np.ndarray  # (N,) int, the view in most conflict (meaningful where flagged)
+    blamed_view: np.ndarray  # (N,) int, the view most to blame (meaningful where flagged)
     view_belief: np.ndarray  # (N, V, K)
     view_uncertainty: np.ndarray  # (N, V)
     confidence: np.ndarray  # (N,) calibrated probability that the label is right (NaN: no calibration)

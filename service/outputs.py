@@ -217,8 +217,8 @@ OUTPUTS: tuple[Output, ...] = (
     ),
     Output(
         "blamed_view",
-        "where flagged, the view in most conflict with the others (v1: its name, v2: its index), "
-        "else null (v2: -1)",
+        "where flagged, the view most to blame: the one furthest out of its training range if any is, else "
+        "the one in most conflict with the others (v1: its name, v2: its index); else null (v2: -1)",
         Tensor("INT64", _scalar, _blamed),
         Field(str | None, _blamed_name),
     ),

@@ -54,9 +54,7 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
         reference = fuse(opinions, manifest.fusion.method, lam=manifest.fusion.lam, mask=mask)
     score = reference.uncertainty if flag.score == "uncertainty" else max_conflict
     flagged = score >= flag.threshold
-    # The view most to blame: the one in most conflict with the others (for DBF, the most discounted); where
-    # none was fused (a vacuous answer, flagged by an uncertainty score), one out of range.
-    blame = np.where(present, fused.conflict.sum(-1), out_of_range * 0.5 - 1.0).argmax(-1)
+    blame = _blamed_views(fused.conflict, present, out_of_range, excess)
     if calibration is not None:
         confidence = calibration.confidence(reference.belief, reference.uncertainty).astype(np.float32)
         coverage = calibration.default_coverage if request.coverage is None else request.coverage
@@ -86,6 +84,18 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
         lam=request.lam,
         coverage=coverage,
     )
+
+
+def _blamed_views(
+    conflict: np.ndarray, fused_views: np.ndarray, out_of_range: np.ndarray, excess: np.ndarray
+) -> np.ndarray:
+    """The view most to blame in each sample (N,): the one furthest outside its training range where any view
+    is (the sample's most certain fault: its head's certainty means nothing there, and the views left may
+    agree perfectly, as when one alone is left); else the fused view in most conflict with the others (for
+    DBF, the most discounted); view 0 where none was sent."""
+    furthest = np.where(out_of_range, np.nan_to_num(excess, nan=np.inf), -1.0).argmax(-1)
+    in_most_conflict = np.where(fused_views, conflict.sum(-1), -1.0).argmax(-1)
+    return np.where(out_of_range.any(-1), furthest, in_most_conflict)
 
 
 def _record(

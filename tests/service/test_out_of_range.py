@@ -67,6 +67,24 @@ def test_a_vacuous_answer_flagged_by_uncertainty_blames_a_view_sent(url):
     assert answer["high_conflict"] is True and answer["blamed_view"] == "text"
 
 
+@pytest.mark.data
+def test_a_view_out_of_range_is_blamed_before_the_views_left_in(url, data_dir):
+    """CUB's image features in another unit (x1000) beside real text: image is fused as missing, the text
+    alone is uncertain enough to raise the flag, and the view blamed is the broken one. Before, the text
+    (fused, conflict 0) was blamed over the view out of range on every flagged sample, and the alerts named
+    the healthy modality."""
+    data = load("cub", data_dir)
+    views = {"image": data.views["image"][:40] * 1000.0, "text": data.views["text"][:40]}
+    body, headers = encode_request(views)
+    response = httpx.post(f"{url}/v2/models/cub/infer", content=body, headers=headers, timeout=60)
+    assert response.status_code == 200, response.text
+    answer = decode_response(response.content, response.headers)
+    assert answer["out_of_range"][:, 0].all() and not answer["out_of_range"][:, 1].any()
+    flagged = answer["high_conflict"]
+    assert flagged.mean() > 0.5, flagged.mean()
+    assert (answer["blamed_view"][flagged] == 0).all(), answer["blamed_view"]
+
+
 def test_out_of_range_views_are_counted_in_the_metrics(url):
     labels = {"model": "handwritten", "view": "mor"}
     before = metric(url, "dbf_out_of_range_total", **labels)
