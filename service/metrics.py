@@ -91,19 +91,11 @@ FLAG_CLEAN_RATE = Gauge(
 BUILD = Gauge("dbf_build_info", "dbf-serve build information (1).", ["version"], multiprocess_mode="livemax")
 
 
-def initialise(
-    models: dict[str, list[str]],
-    methods: tuple[str, ...],
-    reasons: tuple[str, ...],
-    flag_clean_rates: dict[str, float],
-) -> None:
+def initialise(models: dict[str, list[str]], methods: tuple[str, ...], reasons: tuple[str, ...]) -> None:
     """Create every series at zero, so rates and alerts see 0 rather than nothing before the first event.
 
-    ``models`` maps each model to its view names; ``flag_clean_rates`` each model to its flag's calibrated
-    false-positive rate.
+    ``models`` maps each model to its view names.
     """
-    for model, rate in flag_clean_rates.items():
-        FLAG_CLEAN_RATE.labels(model).set(rate)
     for model, views in models.items():
         BATCH_SIZE.labels(model)
         for protocol in PROTOCOLS:
@@ -125,32 +117,37 @@ def initialise(
         CONNECTIONS_SHED.labels(state)
 
 
-_DESCRIBED: dict[Gauge, set[tuple[str, ...]]] = {}  # this process's info series at 1, per gauge
+_PUBLISHED: dict[Gauge, set[tuple[str, ...]]] = {}  # this process's series of each gauge of the models now
 
 
 def describe_models(heads: Iterable[tuple[str, str, str]]) -> None:
     """``dbf_model_info`` 1 for each (model, view, provider) loaded now."""
-    _describe(MODEL_INFO, heads)
+    _publish(MODEL_INFO, dict.fromkeys(heads, 1.0))
 
 
 def describe_placements(batches: Iterable[tuple[str, str, str]]) -> None:
     """``dbf_placement_info`` 1 for each (model, provider, batch sizes such as ``1-16`` or ``17+``) now."""
-    _describe(PLACEMENT_INFO, batches)
+    _publish(PLACEMENT_INFO, dict.fromkeys(batches, 1.0))
 
 
-def _describe(gauge: Gauge, series: Iterable[tuple[str, ...]]) -> None:
-    """``gauge`` 1 for each of ``series`` (label values); one set before but not now loses its series, or, in
+def describe_flag_clean_rates(rates: dict[str, float]) -> None:
+    """``dbf_flag_clean_rate`` of each model loaded now: its flag's calibrated false-positive rate."""
+    _publish(FLAG_CLEAN_RATE, {(model,): rate for model, rate in rates.items()})
+
+
+def _publish(gauge: Gauge, values: dict[tuple[str, ...], float]) -> None:
+    """``gauge`` at ``values`` (by label values); a series set before but not now loses its series, or, in
     multiprocess mode, where series live on in the worker's file, reads 0."""
-    series, described = set(series), _DESCRIBED.setdefault(gauge, set())
-    for gone in described - series:
+    published = _PUBLISHED.setdefault(gauge, set())
+    for gone in published - values.keys():
         if _multiprocess():
             gauge.labels(*gone).set(0)
         else:
             gauge.remove(*gone)
-    for labels in series:
-        gauge.labels(*labels).set(1)
-    described.clear()
-    described.update(series)
+    for labels, value in values.items():
+        gauge.labels(*labels).set(value)
+    published.clear()
+    published.update(values)
 
 
 @dataclass(frozen=True)

@@ -38,12 +38,10 @@ def serve(plane: DataPlane, repository: Repository) -> None:
     metrics.describe_placements(
         (model.name, provider, samples) for model in loaded for provider, samples in model.placement.sizes()
     )
-    metrics.initialise(
-        {m.name: [v.name for v in m.manifest.views] for m in loaded},
-        METHODS,
-        errors.REASONS,
-        {m.name: m.manifest.conflict_flag.target_false_positive_rate for m in loaded},
+    metrics.describe_flag_clean_rates(
+        {m.name: m.manifest.conflict_flag.target_false_positive_rate for m in loaded}
     )
+    metrics.initialise({m.name: [v.name for v in m.manifest.views] for m in loaded}, METHODS, errors.REASONS)
     plane.repository = repository
     # The application and its models live on: keep them out of the garbage collector's full passes, which
     # otherwise walk every object at each one (a stalled event loop: the p99 latency under load).

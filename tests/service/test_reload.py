@@ -109,24 +109,33 @@ def test_the_watcher_reloads_changes_and_keeps_serving_through_bad_ones(tmp_path
 
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_a_removed_model_is_no_longer_reported_by_any_worker(tmp_path, workers):
-    """dbf_model_info after a reload: the heads of a model taken away have no series, or, across worker
-    processes (whose metrics live in files), read 0; not the 1 they had."""
+    """dbf_model_info and dbf_flag_clean_rate after a reload: a model taken away has no series, or, across
+    worker processes (whose metrics live in files), they read 0; not what they had."""
     root = repository(tmp_path, "handwritten", "pie")
     env = {"DBF_RELOAD_POLL_SECONDS": "0.2"}
 
-    def pie_heads(url: str) -> list[str]:
+    def pie_series(url: str) -> list[str]:
         text = httpx.get(url + "/metrics").text
-        return [line for line in text.splitlines() if line.startswith("dbf_model_info{") and "pie" in line]
+        return [
+            line
+            for line in text.splitlines()
+            if line.startswith(("dbf_model_info{", "dbf_flag_clean_rate{")) and 'model="pie"' in line
+        ]
 
     with running_service("--model-dir", str(root), "--workers", workers, env=env) as url:
-        assert len(pie_heads(url)) == 3 and all(line.endswith(" 1.0") for line in pie_heads(url))
+        assert sorted(line.partition("{")[0] for line in pie_series(url)) == [
+            "dbf_flag_clean_rate",
+            *["dbf_model_info"] * 3,
+        ]
+        assert not any(line.endswith(" 0.0") for line in pie_series(url))
         shutil.move(root / "pie", tmp_path / "pie")
         deadline = time.monotonic() + 30
-        while not all(line.endswith(" 0.0") for line in pie_heads(url)):  # all, of none too
-            assert time.monotonic() < deadline, f"a removed model is still reported: {pie_heads(url)}"
+        while not all(line.endswith(" 0.0") for line in pie_series(url)):  # all, of none too
+            assert time.monotonic() < deadline, f"a removed model is still reported: {pie_series(url)}"
             time.sleep(0.2)
         assert metric(url, "dbf_model_reloads_total", outcome="success") >= 1
         assert metric(url, "dbf_model_info", model="handwritten", view="fac") == 1
+        assert metric(url, "dbf_flag_clean_rate", model="handwritten") == 0.05
         assert models(url) == ["handwritten"]
 
 
