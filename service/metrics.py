@@ -55,7 +55,11 @@ BATCH_SIZE = Histogram(
 )
 # By the protocol the request came in: "rest" (v1 and v2 over HTTP) or "grpc" (service/grpc_codec.py).
 PROTOCOLS = ("rest", "grpc")
-REQUEST_SECONDS = Histogram("dbf_request_duration_seconds", "Predict request latency.", ["model", "protocol"])
+REQUEST_SECONDS = Histogram(
+    "dbf_request_duration_seconds",
+    "Predict request latency, from the body read and the model found to the answer or refusal.",
+    ["model", "protocol"],
+)
 ERRORS = Counter("dbf_errors", "Error responses by reason.", ["reason"])
 RELOADS = Counter("dbf_model_reloads", "Model repository reloads, by outcome.", ["outcome"])
 # Connection level (service/server.py).
