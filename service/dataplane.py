@@ -132,6 +132,11 @@ class DataPlane:
         """The model called ``name`` (the default one for None), at ``version`` if one is asked for."""
         repository = self.ready()
         model = repository.get(name)
+        if model is None and name is None:
+            raise ModelNotFound(
+                f"no default model: DBF_DEFAULT_MODEL names none of {sorted(repository.models)}; name the "
+                "model (/v1/models/{name}/predict, /v2/models/{name}/infer)"
+            )
         if model is None:
             raise ModelNotFound(f"no model named {name!r}; available: {sorted(repository.models)}")
         if version is not None and version != model.signature.version:

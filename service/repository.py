@@ -109,11 +109,13 @@ class LoadedModel:
 @dataclass(frozen=True)
 class Repository:
     models: dict[str, LoadedModel]
-    default: str
+    default: str | None  # None: requests must name their model (see _default_model)
     max_body_bytes: int = 8 * 1024 * 1024  # the request body limit these models make (body_limit)
 
     def get(self, name: str | None = None) -> LoadedModel | None:
-        return self.models.get(self.default if name is None else name)
+        """The model called ``name``, or the default one for None; None if there is no such model."""
+        name = self.default if name is None else name
+        return None if name is None else self.models.get(name)
 
 
 def repository_fingerprint(model_dir: Path) -> tuple:
@@ -299,9 +301,7 @@ def load_repository(
                 manifest.name,
                 ", ".join(unchecked),
             )
-    default = settings.default_model if settings.default_model in models else next(iter(models))
-    if default != settings.default_model:
-        log.warning("default model %r not found; serving %r as the default", settings.default_model, default)
+    default = _default_model(settings.default_model, models)
     max_body_bytes = body_limit(settings, models.values())
     if max_body_bytes > settings.body_memory_bytes:
         log.warning(
@@ -311,6 +311,24 @@ def load_repository(
             settings.body_memory_bytes,
         )
     return Repository(models=models, default=default, max_body_bytes=max_body_bytes)
+
+
+def _default_model(configured: str, models: dict[str, LoadedModel]) -> str | None:
+    """The model a request that names none asks: ``DBF_DEFAULT_MODEL``, else the only model; with several and
+    none of them configured, none (such requests are refused) rather than one picked by name, which a reload
+    adding a model would change under the clients' feet."""
+    if configured in models:
+        return configured
+    if len(models) == 1:
+        [only] = models
+        log.info("default model %r not found; %r, the only model, is the default", configured, only)
+        return only
+    log.warning(
+        "default model %r not found among %s: requests that name no model are refused; set DBF_DEFAULT_MODEL",
+        configured,
+        sorted(models),
+    )
+    return None
 
 
 def _providers(settings: Settings, probe: bytes) -> list[str]:

@@ -212,7 +212,9 @@ class Readiness(msgspec.Struct, omit_defaults=True):
 class Reloaded(msgspec.Struct):
     status: str
     models: list[str]
-    default: str
+    default: Annotated[
+        str | None, Meta(description="the model a request naming none asks; null: such requests are refused")
+    ]
 
 
 # Every wire type the OpenAPI schema documents (its components are generated from these).

@@ -105,7 +105,11 @@ def _model_description() -> dict[str, Any]:
         "title": "ModelListing",
         "type": "object",
         "properties": {
-            "default": {"type": "string"},
+            "default": {
+                "anyOf": [{"type": "string"}, {"type": "null"}],
+                "description": "the model a request naming none asks; null where several are served and "
+                "DBF_DEFAULT_MODEL names none of them (such requests are refused)",
+            },
             "models": {"type": "array", "items": ref("ModelDescription")},
         },
         "required": ["default", "models"],

@@ -57,6 +57,25 @@ def test_reload_adds_a_model_and_refuses_a_tampered_one(tmp_path):
         assert metric(url, "dbf_model_reloads_total", outcome="success") == successes + 1
 
 
+def test_the_default_model_never_changes_with_a_reload(tmp_path):
+    """DBF_DEFAULT_MODEL (handwritten) is not served: the only model is the default; once a reload adds a
+    second, requests naming no model are refused with what to do, never answered by whichever model sorts
+    first (before, a model called "candidate" added beside "pie" took over POST /predict silently)."""
+    root = repository(tmp_path, "pie")
+    with serving(root) as url:
+        assert httpx.get(url + "/v1/models").json()["default"] == "pie"
+        assert httpx.post(url + "/predict", json=PIE).json()["model"] == "pie"
+        shutil.copytree(MODELS / "cub", root / "cub")  # sorts before pie
+        answer = httpx.post(url + "/v1/admin/reload")
+        assert answer.status_code == 200 and answer.json()["default"] is None
+        refused = httpx.post(url + "/predict", json=PIE)
+        assert refused.status_code == 404, refused.text
+        message = refused.json()["error"]["message"]
+        assert "DBF_DEFAULT_MODEL" in message and "['cub', 'pie']" in message
+        assert httpx.get(url + "/v1/models").json()["default"] is None
+        assert httpx.post(url + "/v1/models/pie/predict", json=PIE).status_code == 200
+
+
 def test_requests_during_reloads_all_succeed(tmp_path):
     """Reloading while requests run: every request is answered in full by one model or the other."""
     root = repository(tmp_path, "handwritten")
