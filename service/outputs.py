@@ -225,7 +225,8 @@ OUTPUTS: tuple[Output, ...] = (
     Output(
         "confidence",
         "calibrated probability that the label is right, fitted on the model's clean validation data "
-        "(null for a model without calibration)",
+        "(null for a model without calibration, and where a fusion other than the model's answers another "
+        "label than the model's own would; NaN in binary and gRPC tensors)",
         Tensor("FP32", _scalar, _as("confidence", "FP32")),
         Field(float | None, _if_calibrated(_column("confidence"))),
         calibrated=True,

@@ -65,10 +65,15 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
     _record(
         model, request, fused, max_conflict, flagged, blame, confidence, sets, out_of_range, present, complete
     )
+    label = fused.probability.argmax(-1)
+    if reference is not fused:
+        # The calibrator's probability is that the model's own fusion's label is right: where the fusion asked
+        # for answers another label, no calibrated probability of it being right exists.
+        confidence = np.where(reference.probability.argmax(-1) == label, confidence, np.float32(np.nan))
     return Result(
         present=request.present,
         out_of_range=out_of_range,
-        label=fused.probability.argmax(-1),
+        label=label,
         probability=fused.probability,
         belief=fused.belief,
         uncertainty=fused.uncertainty,

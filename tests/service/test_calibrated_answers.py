@@ -16,6 +16,7 @@ from service.client import Client
 from service.v2 import decode_response, encode_request
 from tests.service.conftest import MODELS, in_range_samples, serving
 from tests.service.test_service import HANDWRITTEN_DIMS, metric
+from training.readers import load
 
 MANIFEST = Manifest.model_validate_json((MODELS / "handwritten" / "manifest.json").read_text())
 SCORES = len(MANIFEST.calibration.conformal.calibration_scores)
@@ -136,7 +137,30 @@ def test_judged_on_the_models_fusion_whatever_fusion_is_asked_for(url):
     own = predict(url, body).json()["predictions"]
     other = predict(url, {**body, "method": "cbf", "lambda": 3.0}).json()["predictions"]
     assert [p["prediction_set"] for p in own] == [p["prediction_set"] for p in other]
-    assert [p["confidence"] for p in own] == [p["confidence"] for p in other]
+    assert [
+        p["confidence"] if p["label"] == q["label"] else None for p, q in zip(own, other, strict=True)
+    ] == [q["confidence"] for q in other]
+
+
+@pytest.mark.data
+def test_a_fusion_that_answers_another_label_has_no_calibrated_confidence_for_it(url, data_dir):
+    """The calibrator gives the probability that the model's own fusion's label is right. HandWritten samples
+    on which CBF picks another label than DBF: their confidence under CBF is null (v2: NaN), not DBF's
+    probability for a label the answer does not give; where the labels agree it is the model's."""
+    data = load("handwritten", data_dir)
+    rows = [243, 264, 648, 776, 882, 0, 1, 2]  # CBF answers another label on the first five
+    views = {view: data.views[view][rows] for view in data.view_names}
+    body = {"samples": [{"views": {v: x[i].tolist() for v, x in views.items()}} for i in range(len(rows))]}
+    own = predict(url, body).json()["predictions"]
+    other = predict(url, {**body, "method": "cbf", "lambda": 1.0}).json()["predictions"]
+    differ = [p["label"] != q["label"] for p, q in zip(own, other, strict=True)]
+    assert differ == [True] * 5 + [False] * 3
+    assert [q["confidence"] for q in other] == [None] * 5 + [p["confidence"] for p in own[5:]]
+    binary, headers = encode_request(views, method="cbf", lam=1.0)
+    response = httpx.post(url + "/v2/models/handwritten/infer", content=binary, headers=headers, timeout=30)
+    confidence = decode_response(response.content, response.headers)["confidence"]
+    assert np.isnan(confidence[:5]).all()
+    np.testing.assert_array_equal(confidence[5:], [p["confidence"] for p in own[5:]])
 
 
 def test_samples_missing_views_still_get_them(url):
