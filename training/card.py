@@ -17,7 +17,7 @@ import numpy as np
 
 from manifest import CalibrationSamples, Manifest
 from training.architecture import Candidate, HeadChoice
-from training.calibrate import REPORT_COVERAGES, evaluate_calibration
+from training.calibrate import REPORT_COVERAGES, CalibrationReport, evaluate_calibration
 from training.metrics import Rate, coverage_band
 from training.report import FitReport
 
@@ -182,6 +182,19 @@ def conflict_detection(report: FitReport, manifest: Manifest) -> Section:
     return Section("Conflict detection", text)
 
 
+def _over_covered(measured: CalibrationReport, bands: dict[float, tuple[float, float]]) -> str:
+    """Why coverage lies above its range, where it does and the sets never leave out the predicted class."""
+    above = [c for c in sorted(measured.clean) if measured.clean[c].coverage > bands[c][1]]
+    if not above or any(measured.clean[c].empty > 0 for c in above):
+        return ""
+    return (
+        f"\nAt {', '.join(f'{c:g}' for c in above)} the sets cover more than the range: they always hold "
+        "the predicted class (none is empty), so they hold the true class at least as often as the model is "
+        f"right ({_percent(measured.accuracy)} here), whatever coverage is asked. That is the price of never "
+        "answering an empty set, not a fault of the calibration.\n"
+    )
+
+
 def confidence_and_sets(report: FitReport, manifest: Manifest) -> Section:
     """Reliability of the projected probability and of the calibrated ``confidence``; the prediction sets'
     coverage against the level asked for (with the range a correct method lands in), and their size, clean
@@ -244,7 +257,7 @@ def confidence_and_sets(report: FitReport, manifest: Manifest) -> Section:
         "their coverage is measured only. In brackets, the range in which a correct method's coverage lands "
         f"on {measured.samples} test samples, 19 times in 20:\n\n"
         "| coverage asked | clean: covered | clean: mean set size | conflictive: covered | "
-        "conflictive: mean set size |\n|---|---|---|---|---|\n" + rows
+        "conflictive: mean set size |\n|---|---|---|---|---|\n" + rows + _over_covered(measured, bands)
     )
     figures = (
         Figure(

@@ -600,13 +600,30 @@ def test_a_fitted_model_is_served_after_a_reload_as_its_heads_and_fusion_answer(
 
 
 class _Scored:
-    """A split's flag scores alone: what :meth:`PostHoc.flag_warnings` reads of it."""
+    """A split's flag scores alone: what :meth:`PostHoc.flag_warnings` reads of it (conflictive copies all
+    flagged unless given)."""
 
-    def __init__(self, clean: np.ndarray) -> None:
+    def __init__(self, clean: np.ndarray, conflictive: np.ndarray | None = None) -> None:
+        conflictive = np.ones_like(clean) if conflictive is None else conflictive
         self.clean = {"max_conflict": clean, "uncertainty": clean}
+        self.conflictive = {"max_conflict": conflictive, "uncertainty": conflictive}
 
     def flag_scores(self):
-        return self.clean, self.clean
+        return self.clean, self.conflictive
+
+
+def _post_hoc():
+    from training.calibrate import PostHoc
+
+    return PostHoc(
+        score="max_conflict",
+        threshold=0.5,
+        target_false_positive_rate=0.05,
+        separation={},
+        fitted=None,
+        fitted_on=None,
+        section=None,
+    )
 
 
 @pytest.mark.parametrize(
@@ -617,19 +634,24 @@ def test_a_flag_far_from_its_target_on_the_test_split_is_warned_about(raised, wa
     """At a 5% target, 200 clean test samples: a rate whose 95% interval excludes 5% and that is below half
     or above twice the target is warned about (a constant view's head made it 50.8%); nearby rates are
     not (an interval alone misses 5% in one fit of twenty)."""
-    from training.calibrate import PostHoc
-
-    post_hoc = PostHoc(
-        score="max_conflict",
-        threshold=0.5,
-        target_false_positive_rate=0.05,
-        separation={},
-        fitted=None,
-        fitted_on=None,
-        section=None,
-    )
     scores = np.where(np.arange(200) < raised, 0.9, 0.1)
-    notes = post_hoc.flag_warnings(_Scored(scores))
+    notes = _post_hoc().flag_warnings(_Scored(scores))
     assert bool(notes) == warned, notes
     if warned:
         assert f"raised {raised / 200:.1%}" in notes[0] and "target 5.0%" in notes[0]
+
+
+@pytest.mark.parametrize(
+    ("conflictive", "warned"), [(0, True), (10, True), (19, True), (20, False), (60, False), (200, False)]
+)
+def test_a_flag_blind_to_conflict_is_warned_about(conflictive, warned):
+    """10 of 200 clean test samples flagged (its 5% target): a flag that raises on fewer than twice as many
+    conflictive copies (the twenty-class probe: 5.5% against 4.0%) cannot tell conflict from chance, and
+    the conflict alerts, at twice the clean rate, cannot see with it."""
+    clean = np.where(np.arange(200) < 10, 0.9, 0.1)
+    copies = np.where(np.arange(200) < conflictive, 0.9, 0.1)
+    notes = _post_hoc().flag_warnings(_Scored(clean, copies))
+    assert bool(notes) == warned, notes
+    if warned:
+        assert notes[0].startswith("the flag hardly tells conflictive test samples from clean ones")
+        assert f"raised {conflictive / 200:.1%} of conflictive and 5.0% of clean" in notes[0]
