@@ -655,3 +655,26 @@ def test_a_flag_blind_to_conflict_is_warned_about(conflictive, warned):
     if warned:
         assert notes[0].startswith("the flag hardly tells conflictive test samples from clean ones")
         assert f"raised {conflictive / 200:.1%} of conflictive and 5.0% of clean" in notes[0]
+
+
+@pytest.mark.parametrize(("empty", "explained"), [(0.0, True), (0.02, False)])
+def test_the_card_explains_coverage_above_its_range_where_no_set_is_empty(empty, explained):
+    """97% of 400 test samples right: sets that always hold the predicted class cover at least that at 0.8
+    and 0.9, above both ranges; the card says why. Sets that may be empty (LAC) have no such floor."""
+    from training.calibrate import CalibrationReport, SetFigures
+    from training.card import _over_covered
+    from training.metrics import coverage_band
+
+    report = CalibrationReport(
+        samples=400,
+        accuracy=0.97,
+        ece_projected=0.0,
+        ece_confidence=0.0,
+        reliability_projected=None,
+        reliability_confidence=None,
+        clean={c: SetFigures(0.975, 1.0, empty, 1.0 - empty) for c in (0.8, 0.9)},
+    )
+    note = _over_covered(report, {c: coverage_band(400, c) for c in (0.8, 0.9)})
+    assert bool(note) == explained
+    if explained:
+        assert "At 0.8, 0.9 the sets cover more than the range" in note and "(97.0% here)" in note
