@@ -81,6 +81,7 @@ class Comparison:
     fused: Rate
     views: dict[str, Rate]  # on the test samples that have the view
     baseline: Baseline
+    commonest: dict[str, float]  # per view: the share of the commonest class among the samples that have it
 
     @property
     def best_view(self) -> str:
@@ -104,6 +105,15 @@ class Comparison:
                 f"on all views ({plain:.1%}): try `--hidden` for heads that fit more, `--views` to leave out "
                 "a useless view, or more data"
             )
+        for view, rate in self.views.items():
+            low, high = rate.interval
+            if rate.total and low <= self.commonest[view]:
+                notes.append(
+                    f"`{view}` alone is right on {rate.value:.1%} [{low:.1%}, {high:.1%}] of the test "
+                    f"samples that have it, no better than always answering their commonest class "
+                    f"({self.commonest[view]:.1%}): it may carry nothing its head can use (an identifier, a "
+                    "constant, noise, or too little data); if so, leave it out with `--views`"
+                )
         return notes
 
 
@@ -111,7 +121,12 @@ def compare(test: FusedSplit, view_names: Sequence[str], baseline: Baseline) -> 
     """The fused model and each of its views' heads alone on the test split ``test`` (fused by
     :meth:`FusedSplit.of_evidence`, which keeps the views' opinions), against ``baseline``."""
     fused, views = accuracies(test, view_names)
-    return Comparison(fused=fused, views=views, baseline=baseline)
+    present = np.ones((test.labels.size, len(view_names)), bool) if test.present is None else test.present
+    commonest = {
+        name: float(np.bincount(test.labels[present[:, v]], minlength=1).max() / max(present[:, v].sum(), 1))
+        for v, name in enumerate(view_names)
+    }
+    return Comparison(fused=fused, views=views, baseline=baseline, commonest=commonest)
 
 
 def accuracies(split: FusedSplit, view_names: Sequence[str]) -> tuple[Rate, dict[str, Rate]]:

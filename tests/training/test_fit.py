@@ -269,6 +269,10 @@ def test_a_useless_view_is_warned_about(tmp_path, capsys):
     error = capsys.readouterr().err
     assert "below its best view alone (`signal`:" in error and "try `--views` without it" in error
     assert "below its best view alone (`signal`:" in (out / "card.md").read_text()
+    # Each noise view alone: no better than answering the commonest class, named; the signal view is not.
+    for name in ("noise_a", "noise_b", "noise_c"):
+        assert f"`{name}` alone is right on" in error and "no better than always answering" in error
+    assert "`signal` alone is right on" not in error
 
 
 # -- bad data: a clear error naming where, and nothing written ---------------------------------------------
