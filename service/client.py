@@ -19,11 +19,14 @@ from typing import Any
 
 import httpx
 import msgspec
+import numpy as np
 
 from service.outputs import ViewOpinion
 from service.schemas import ErrorBody, Prediction, PredictResponse
 
-Features = Mapping[str, Sequence[float]]  # view name -> raw features (lists or numpy arrays)
+# view name -> raw features (lists or numpy arrays); None, or all NaN (a missing view's row in fit's data),
+# for a view the sample lacks: left out of what is sent, as the service takes a missing view.
+Features = Mapping[str, Sequence[float] | None]
 PredictResult = PredictResponse  # model, method, lam, views, predictions
 
 __all__ = ["AsyncClient", "Client", "DBFError", "Prediction", "PredictResult", "ViewOpinion"]
@@ -43,12 +46,7 @@ class DBFError(Exception):
 def _body(
     samples: Sequence[Features], method: str | None, lam: float | None, coverage: float | None
 ) -> bytes:
-    body: dict[str, Any] = {
-        "samples": [
-            {"views": {name: (v.tolist() if hasattr(v, "tolist") else list(v)) for name, v in s.items()}}
-            for s in samples
-        ]
-    }
+    body: dict[str, Any] = {"samples": [{"views": _views(sample)} for sample in samples]}
     if method is not None:
         body["method"] = method
     if lam is not None:
@@ -56,6 +54,19 @@ def _body(
     if coverage is not None:
         body["coverage"] = coverage
     return msgspec.json.encode(body)
+
+
+def _views(sample: Features) -> dict[str, list]:
+    """A sample's views as JSON lists, those it lacks (None, or every value NaN) left out."""
+    views = {}
+    for name, values in sample.items():
+        if values is None:
+            continue
+        array = np.asarray(values)
+        if array.size and array.dtype.kind == "f" and np.isnan(array).all():
+            continue
+        views[name] = array.tolist()
+    return views
 
 
 _JSON = {"content-type": "application/json"}
@@ -77,7 +88,8 @@ def _checked(response: httpx.Response) -> bytes:
 
 class Client:
     """Synchronous client. ``predict`` takes one sample's views; ``predict_batch`` many. ``method`` and
-    ``lam`` choose the fusion, ``coverage`` the prediction sets' (the model's defaults when None)."""
+    ``lam`` choose the fusion, ``coverage`` the prediction sets' (the model's defaults when None). A view a
+    sample lacks is left out of its mapping, or given as None or as all NaN (as fit's data marks it)."""
 
     def __init__(
         self, base_url: str = "http://127.0.0.1:8000", *, timeout: float = 30.0, **httpx_options

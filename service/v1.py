@@ -254,7 +254,12 @@ def _options(payload: dict, signature: ModelSignature) -> tuple[str, float, floa
     return request_options(payload, signature, repr)
 
 
+_MISSING = "a view a sample lacks is left out of its views"
+
+
 def _vector(values: Any, dim: int, where: str) -> np.ndarray:
+    if values is None:
+        raise InvalidInput(f"{where}: expected a list of {dim} numbers, got null; {_MISSING}")
     if not isinstance(values, list):
         raise InvalidInput(f"{where}: expected a list of {dim} numbers, got {type(values).__name__}")
     if len(values) != dim:
@@ -264,6 +269,8 @@ def _vector(values: Any, dim: int, where: str) -> np.ndarray:
     kinds = set(map(type, values))
     if kinds != {float}:
         odd = next(i for i, x in enumerate(values) if type(x) is not float)
+        if values[odd] is None:
+            raise InvalidInput(f"{where}[{odd}]: every value must be a number, got null; {_MISSING}")
         raise InvalidInput(f"{where}[{odd}]: every value must be a number, got {values[odd]!r}")
     array = np.asarray(values, dtype=np.float64)
     if not np.isfinite(array).all():  # 1e999 and huge integers arrive as infinity

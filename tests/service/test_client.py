@@ -42,6 +42,18 @@ def test_sync_client(url):
             client.predict(CUB, model="nope")
 
 
+def test_a_view_given_as_none_or_all_nan_is_sent_as_missing(url):
+    """As fit's data marks a missing view (a row of NaN), or None: the client leaves the view out, which is
+    how the service takes a missing view. Before, None raised a TypeError in the client and NaN a 400."""
+    with Client(url) as client:
+        text_only = client.predict({"text": CUB["text"]})
+        for missing in (None, np.full(1024, np.nan), [float("nan")] * 1024):
+            answer = client.predict({"image": missing, "text": CUB["text"]})
+            assert set(answer.views) == {"text"} and answer.probability == text_only.probability
+        with pytest.raises(DBFError, match="image\\[0\\]: every value must be a number, got null"):
+            client.predict({"image": [float("nan")] + [0.0] * 1023, "text": CUB["text"]})  # not all NaN
+
+
 def test_async_client(url):
     async def scenario():
         async with AsyncClient(url) as client:

@@ -166,9 +166,14 @@ BAD = [
     (
         {"samples": [{"views": {"pix": [None] * 240}}]},
         400,
-        "samples[0].views.pix[0]: every value must be a number, got None",
+        "samples[0].views.pix[0]: every value must be a number, got null; a view a sample lacks is left out",
     ),
     ({"samples": [{"views": {"pix": "0.0"}}]}, 400, "samples[0].views.pix: expected a list of 240 numbers"),
+    (
+        {"samples": [{"views": {"pix": None}}]},
+        400,
+        "samples[0].views.pix: expected a list of 240 numbers, got null; a view a sample lacks is left out",
+    ),
     ({"samples": [zeros_sample()], "method": "dempster"}, 400, "unknown method 'dempster'"),
     ({"samples": [zeros_sample()], "lambda": 0}, 400, "'lambda' must be a positive finite number"),
     ({"samples": [zeros_sample()], "lambda": -1.5}, 400, "'lambda' must be a positive finite number"),
@@ -248,7 +253,7 @@ def test_openapi_docs_carry_a_working_example(url):
         ),
         (
             {"samples": [{"views": {"mor": [0.5, None, 0, 0, 0, 0]}}]},
-            "samples[0].views.mor[1]: every value must be a number, got None",
+            "samples[0].views.mor[1]: every value must be a number, got null; a view a sample lacks is left",
         ),
         ({"samples": [zeros_sample()], "lambda": True}, "'lambda' must be a positive finite number"),
     ],
