@@ -118,13 +118,16 @@ def tensors_request(
     method, lam, coverage = _options(request.parameters, signature)
     views, index = signature.views, signature.view_index
     with np.errstate(over="ignore"):  # values beyond float32 become infinity, refused as not finite
-        arrays, n = _arrays(request, flat, binary, signature, max_samples)
+        arrays, absent, n = _arrays(request, flat, binary, signature, max_samples)
     if n is None:
         raise InvalidInput(f"no inputs: send at least one of {list(index)}")
     features = {view.name: arrays.get(view.name, np.empty((0, view.dim), np.float32)) for view in views}
     present = np.zeros((n, len(views)), dtype=bool)
     for name in arrays:
-        present[:, index[name]] = True
+        present[:, index[name]] = ~absent[name] if name in absent else True
+    if absent and not present.any(axis=1).all():
+        row = int(np.flatnonzero(~present.any(axis=1))[0])
+        raise InvalidInput(f"row {row} has no view: every input's row is NaN there; send at least one")
     outputs, binary_outputs = _outputs(request, signature, binary_request=binary_request)
     context = Context(signature, request.id, outputs, binary_outputs, tuple(t.name for t in request.inputs))
     return InferenceRequest(features, present, method, lam, coverage), context
@@ -357,10 +360,12 @@ def _arrays(
     signature: ModelSignature,
     max_samples: int,
 ) -> tuple[dict[str, np.ndarray], int | None]:
-    """Each input's ``(N, dim)`` float32 array (from binary data, ``flat``'s numbers read by the fast reader,
-    or its JSON ``data``), checked against the model's views; and N (None: no inputs)."""
+    """Each input's float32 rows (from binary data, ``flat``'s numbers read by the fast reader, or its JSON
+    ``data``), checked against the model's views, with the rows all NaN left out; which rows those were, by
+    input (only inputs that had any); and N (None: no inputs)."""
     views, index = signature.views, signature.view_index
     arrays: dict[str, np.ndarray] = {}
+    absent: dict[str, np.ndarray] = {}  # per input with rows all NaN: which rows (the view missing there)
     offset, n = 0, None
     for i, tensor in enumerate(request.inputs):
         where = f"inputs[{i}] ({tensor.name})"
@@ -402,12 +407,25 @@ def _arrays(
         else:
             array = _json_data(tensor.data, rows, dim, where)
         if not np.isfinite(array).all():
-            row = int(np.argwhere(~np.isfinite(array))[0][0])
-            raise InvalidInput(f"{where}: row {row} has a value that is not a finite float32")
+            array, absent[tensor.name] = _without_missing_rows(array, where)
         arrays[tensor.name] = array
     if offset != len(binary):
         raise InvalidInput(f"{len(binary) - offset} bytes of binary data after the last binary input")
-    return arrays, n
+    return arrays, absent, n
+
+
+def _without_missing_rows(array: np.ndarray, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of an input that are not all NaN, and which are (N,): a row of NaN marks the view missing
+    from that sample, as in fit's data; any other value not a finite float32 is refused."""
+    missing = np.isnan(array).all(axis=1)
+    kept = array[~missing]
+    if not np.isfinite(kept).all():
+        row = int(np.flatnonzero(~missing)[np.argwhere(~np.isfinite(kept))[0][0]])
+        raise InvalidInput(
+            f"{where}: row {row} has a value that is not a finite float32 (a row all NaN marks the view "
+            "missing from that sample)"
+        )
+    return kept, missing
 
 
 def _malformed(count: int, where: str) -> str:

@@ -134,8 +134,12 @@ def test_readiness_and_metadata_are_rests(service, triton):
         (features(1, seed=2), {"parameters": {"lambda": 3}}),  # an integer: int64_param
         ({k: v for k, v in features(4, seed=3).items() if k in ("pix", "mor")}, {"model_version": "1"}),
         (features(2, seed=4), {"outputs": ["label", "uncertainty", "conflict"]}),
+        (  # mor's row of NaN: the view missing from sample 1
+            {**features(3, seed=5), "mor": np.where([[0], [1], [0]], np.nan, features(3, seed=5)["mor"])},
+            {},
+        ),
     ],
-    ids=["defaults", "parameters", "integer-lambda", "two-views-version", "some-outputs"],
+    ids=["defaults", "parameters", "integer-lambda", "two-views-version", "some-outputs", "nan-rows"],
 )
 def test_raw_inference_is_rests_to_the_bit(service, triton, given, options):
     url, address = service
