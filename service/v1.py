@@ -204,7 +204,7 @@ def _parse_strict(body: bytes, signature: ModelSignature, max_samples: int) -> I
     try:
         # Integers as floats (a 400-digit integer becomes inf, then is refused); duplicate keys refused.
         payload = json.loads(
-            body, parse_constant=_reject_constant, parse_int=float, object_pairs_hook=json_numbers.unique_keys
+            body, parse_constant=_Constant, parse_int=float, object_pairs_hook=json_numbers.unique_keys
         )
     except RecursionError:  # deeper than the decoder recurses (its message names its internals)
         raise InvalidInput("body is not valid JSON: nested too deeply") from None
@@ -261,7 +261,8 @@ def _vector(values: Any, dim: int, where: str) -> np.ndarray:
     if values is None:
         raise InvalidInput(f"{where}: expected a list of {dim} numbers, got null; {_MISSING}")
     if not isinstance(values, list):
-        raise InvalidInput(f"{where}: expected a list of {dim} numbers, got {type(values).__name__}")
+        got = repr(values) if isinstance(values, _Constant) else type(values).__name__
+        raise InvalidInput(f"{where}: expected a list of {dim} numbers, got {got}")
     if len(values) != dim:
         raise InvalidInput(f"{where}: expected {dim} values, got {len(values)}")
     # JSON numbers all arrive as float (parse_int=float): anything else (true, "1.5", null, [..]) is refused,
@@ -269,8 +270,9 @@ def _vector(values: Any, dim: int, where: str) -> np.ndarray:
     kinds = set(map(type, values))
     if kinds != {float}:
         odd = next(i for i, x in enumerate(values) if type(x) is not float)
-        if values[odd] is None:
-            raise InvalidInput(f"{where}[{odd}]: every value must be a number, got null; {_MISSING}")
+        if values[odd] is None or isinstance(values[odd], _Constant):
+            got = "null" if values[odd] is None else repr(values[odd])
+            raise InvalidInput(f"{where}[{odd}]: every value must be a number, got {got}; {_MISSING}")
         raise InvalidInput(f"{where}[{odd}]: every value must be a number, got {values[odd]!r}")
     array = np.asarray(values, dtype=np.float64)
     if not np.isfinite(array).all():  # 1e999 and huge integers arrive as infinity
@@ -283,5 +285,9 @@ def _vector(values: Any, dim: int, where: str) -> np.ndarray:
     return array
 
 
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a JSON number")
+class _Constant(str):
+    """``NaN``, ``Infinity`` or ``-Infinity`` where JSON has a number: not JSON, but what Python's json writes
+    for a float that is none. Read as this (no number), so that the refusal says where it stands."""
+
+    def __repr__(self) -> str:
+        return f"{self!s}, which is not a JSON number"

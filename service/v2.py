@@ -22,7 +22,7 @@ object is refused (as v1 does), never read as the last of the two.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -220,7 +220,9 @@ def header_length(text: str | None, body_size: int) -> int | None:
 def _request(header: bytes) -> InferRequest:
     try:
         request = _DECODER.decode(header)
-    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError) as error:
+    except msgspec.DecodeError as error:
+        raise InvalidInput(_constant_in(header) or f"not an inference request: {error}") from None
+    except (msgspec.ValidationError, UnicodeDecodeError, RecursionError) as error:
         raise _not_a_request(error) from None
     from service import json_numbers  # the server's (simdjson); clients never decode requests
 
@@ -229,6 +231,47 @@ def _request(header: bytes) -> InferRequest:
     if json_numbers.colons(header) != _members(request):
         _refuse_repeated_keys(header)
     return request
+
+
+class _Constant(str):
+    """``NaN``, ``Infinity`` or ``-Infinity`` where JSON has a number (what Python's json writes for a float
+    that is none), as :func:`_constant_in` reads it."""
+
+
+def _constant_in(header: bytes) -> str | None:
+    """Where a JSON text that msgspec found malformed has ``NaN`` or ``Infinity`` in an input's data, with
+    what to send instead; None if that is not what is wrong with it. Read by Python's parser, which takes
+    them; the text's counts (:func:`check_json_containers`) have bounded what it makes."""
+    if b"NaN" not in header and b"Infinity" not in header:
+        return None
+    try:
+        document = json.loads(header, parse_constant=_Constant)
+    except (ValueError, RecursionError):
+        return None
+    inputs = document.get("inputs") if isinstance(document, dict) else None
+    for i, tensor in enumerate(inputs if isinstance(inputs, list) else ()):
+        data = tensor.get("data") if isinstance(tensor, dict) else None
+        found = next(((j, v) for j, v in enumerate(_leaves(data)) if isinstance(v, _Constant)), None)
+        if found is not None:
+            return (
+                f"inputs[{i}] ({tensor.get('name')}): data[{found[0]}] is {found[1]}, which is not a JSON "
+                "number; a view a sample lacks goes as a row all NaN in binary data (or is left out of every "
+                "sample)"
+            )
+    return None
+
+
+def _leaves(data: Any) -> Iterator[Any]:
+    """The values of nested lists in row-major order (flat data's order)."""
+    stack = [iter(data)] if isinstance(data, list) else []
+    while stack:
+        value = next(stack[-1], _leaves)
+        if value is _leaves:
+            stack.pop()
+        elif isinstance(value, list):
+            stack.append(iter(value))
+        else:
+            yield value
 
 
 def _not_a_request(error: Exception) -> InvalidInput:

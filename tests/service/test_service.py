@@ -194,12 +194,23 @@ def test_bad_input_is_a_clear_4xx(url, body, status, message):
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        (b'{"samples": [{"views": {"mor": [NaN, 1, 1, 1, 1, 1]}}]}', "NaN is not a JSON number"),
+        (
+            b'{"samples": [{"views": {"mor": [1, 1, 1, 1, 1, 1]}}, {"views": {"mor": [1, NaN, 1, 1, 1, 1]}}]'
+            b"}",
+            "samples[1].views.mor[1]: every value must be a number, got NaN, which is not a JSON number",
+        ),
+        (
+            b'{"samples": [{"views": {"mor": NaN}}]}',
+            "samples[0].views.mor: expected a list of 6 numbers, got NaN",
+        ),
         (
             b'{"samples": [{"views": {"mor": [1e999, 1, 1, 1, 1, 1]}}]}',
             "samples[0].views.mor[0]: values must be finite",
         ),
-        (b'{"samples": [{"views": {"mor": [Infinity, 1, 1, 1, 1, 1]}}]}', "Infinity is not a JSON number"),
+        (
+            b'{"samples": [{"views": {"mor": [-Infinity, 1, 1, 1, 1, 1]}}]}',
+            "samples[0].views.mor[0]: every value must be a number, got -Infinity, which is not",
+        ),
         (b'{"samples": [', "body is not valid JSON"),
         (b"", "body is not valid JSON"),
     ],

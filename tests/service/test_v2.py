@@ -141,7 +141,9 @@ MOR = np.full((2, 6), 0.5, np.float32).tobytes()
         ([{"name": "mór", "datatype": "FP32", "shape": [2, 6], "parameters": {"binary_data_size": 48}}],
          MOR, None, 400, "unknown input"),
         ([{"name": "mor", "datatype": "FP32", "shape": [2, 6], "parameters": {"binary_data_size": 48}}],
-         np.full((2, 6), np.nan, np.float32).tobytes(), None, 400, "row 0 has a value that is not a finite"),
+         np.full((2, 6), np.nan, np.float32).tobytes(), None, 400, "row 0 has no view"),
+        ([{"name": "mor", "datatype": "FP32", "shape": [2, 6], "parameters": {"binary_data_size": 48}}],
+         np.full((2, 6), np.inf, np.float32).tobytes(), None, 400, "row 0 has a value that is not a finite"),
         ([{"name": "mor", "datatype": "FP32", "shape": [65, 6], "parameters": {"binary_data_size": 1560}}],
          bytes(1560), None, 413, "at most 64"),
         ([{"name": "mor", "datatype": "FP32", "shape": [2, 6]}],
@@ -203,6 +205,8 @@ def test_a_row_of_nan_marks_the_view_missing_from_that_sample(url):
         ([[0.5] * 3, [0.5] * 2], "data must be 6 numbers"),
         ([10**400] + [0.5] * 5, "data must be 6 numbers"),
         ([1e39] + [0.5] * 5, "not a finite float32"),
+        ([0.5, float("nan")] + [0.5] * 4, "inputs[0] (mor): data[1] is NaN, which is not a JSON number"),
+        ([float("-inf")] + [0.5] * 5, "inputs[0] (mor): data[0] is -Infinity, which is not a JSON number"),
     ],
 )
 def test_bad_json_tensors_are_a_400(url, data, message):
@@ -211,6 +215,16 @@ def test_bad_json_tensors_are_a_400(url, data, message):
     response = httpx.post(url + INFER, content=raw, headers={"content-type": "application/json"})
     assert response.status_code == 400, response.text
     assert message in response.json()["error"]
+
+
+def test_nan_in_a_large_json_tensor_is_located(url):
+    """Python's json writes NaN for a float that is none: in a body large enough for the fast reader too, the
+    400 names the input and the value, and how a missing view goes instead."""
+    data = [0.5] * (64 * 240 - 1) + [float("nan")]
+    body = {"inputs": [{"name": "pix", "datatype": "FP32", "shape": [64, 240], "data": data}]}
+    response = httpx.post(url + INFER, content=json.dumps(body), headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"].startswith("inputs[0] (pix): data[15359] is NaN, which is not a JSON")
 
 
 # A key given twice (the second after the first, as a client merging dicts badly would): where, the key and
