@@ -288,7 +288,8 @@ def load_repository(
     models: dict[str, LoadedModel] = {}
     for path, manifest, verified in manifests:
         if manifest.name in models:
-            raise ModelLoadError(f"{path}: model name {manifest.name!r} is used twice")
+            first = next(p for p, m, _ in manifests if m.name == manifest.name)
+            raise ModelLoadError(f"{path}: model name {manifest.name!r} is used twice (also by {first})")
         models[manifest.name] = model = _load_model(
             path, manifest, verified, providers, settings, stop, timer
         )

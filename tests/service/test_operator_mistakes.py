@@ -182,6 +182,17 @@ def test_a_view_over_the_maximum_dim_stops_the_service(tmp_path):
         assert httpx.get(url + "/ready").status_code == 200
 
 
+def test_a_model_copied_under_another_folder_stops_the_service_naming_both(tmp_path):
+    """Two folders whose manifests give one name (a model copied to try a change): which one is served would
+    depend on folder order, so neither is; the error names both folders' manifests."""
+    for folder in ("handwritten", "handwritten-copy"):
+        shutil.copytree(MODELS / "handwritten", tmp_path / folder)
+    done = start_and_fail("--model-dir", str(tmp_path))
+    assert done.returncode != 0
+    first, second = (tmp_path / folder / "manifest.json" for folder in ("handwritten", "handwritten-copy"))
+    assert f"{second}: model name 'handwritten' is used twice (also by {first})" in done.stderr, done.stderr
+
+
 def too_wide(model: Path) -> Path:
     with_head(model, "mor", any_dim_head(70_000), dim=70_000)
     return model / "manifest.json"  # the file at fault: it declares the dim
