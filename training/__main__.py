@@ -223,7 +223,8 @@ def _summary(out: Path, manifest, report) -> str:
     return (
         f"wrote {out}: accuracy {m.acc_normal:.3f} clean (best view alone {alone:.3f}, {best}; all-views "
         f"logistic regression {plain:.3f}), "
-        f"{m.acc_conflict:.3f} conflictive, {m.acc_all_samples:.3f} all samples; AUROC {m.auc:.3f}; "
+        f"{m.acc_conflict:.3f} conflictive, {m.acc_all_samples:.3f} over every sample, training ones too; "
+        f"AUROC {m.auc:.3f}; "
         f"flag on {flag.score} >= {flag.threshold:.4f} (test: {flag.test.clean:.3f} [{low:.3f}, {high:.3f}] "
         f"clean, {flag.test.conflictive:.3f} conflictive); calibrated on {fitted_on.samples} "
         + ("validation samples" if fitted_on.kind == "validation" else f"samples, {fitted_on.kind}")

@@ -62,14 +62,16 @@ class ProgressLines:
         self._stream = stream or sys.stderr
         self._started = time.perf_counter()
         self._last: tuple[int, float, float | None] | None = None
+        self._written = False  # whether the last epoch's line is out
 
     def epoch(self, epoch: int, train_loss: float, validation_loss: float | None) -> None:
         self._last = (epoch, train_loss, validation_loss)
+        self._written = False
         if epoch % self._every == 0 or epoch == self._total:
             self._write()
 
     def close(self, *, stopped_early: bool = False) -> None:
-        if self._last is not None and (self._last[0] % self._every or stopped_early):
+        if self._last is not None and (not self._written or stopped_early):
             self._write(stopped_early=stopped_early)
 
     def _write(self, *, stopped_early: bool = False) -> None:
@@ -84,6 +86,7 @@ class ProgressLines:
         elif epoch < self._total:
             line += f", at most {_clock(elapsed / epoch * (self._total - epoch))} left"
         print(line, file=self._stream, flush=True)
+        self._written = True
 
 
 def progress_for(

@@ -170,3 +170,25 @@ def test_bad_training_options_are_refused_before_reading_the_data(option, value,
     assert stopped.value.code == 2
     assert message in capsys.readouterr().err
     assert not Path(tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("total", [1429, 1400, 7])
+def test_progress_lines_write_each_epoch_once(total):
+    """Every 1/20th of the epochs and the last, once each (the last was written twice where the total is not
+    a multiple of the step); a run stopped early adds its note on a line of its own."""
+    import io
+
+    from training.progress import ProgressLines
+
+    stream = io.StringIO()
+    lines = ProgressLines(total, stream=stream)
+    for epoch in range(1, total + 1):
+        lines.epoch(epoch, 0.5, 0.6)
+    lines.close()
+    epochs = [line.split(":")[0] for line in stream.getvalue().splitlines()]
+    assert len(epochs) == len(set(epochs)) and epochs[-1] == f"epoch {total}/{total}"
+    stream = io.StringIO()
+    lines = ProgressLines(total, stream=stream)
+    lines.epoch(1, 0.5, 0.6)
+    lines.close(stopped_early=True)
+    assert stream.getvalue().splitlines()[-1].endswith("stopped early: no better validation loss for a while")
