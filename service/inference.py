@@ -85,6 +85,15 @@ JSON_CHECKED_BYTES = 64 * 1024
 JSON_BESIDE_SAMPLES = 4096
 
 
+class JSONConstant(str):
+    """``NaN``, ``Infinity`` or ``-Infinity`` where JSON has a number: not JSON, but what Python's json writes
+    for a float that is none. Python's parser reads it as this (``parse_constant``), no number, so that the
+    refusal can say where it stands; its repr says what it is."""
+
+    def __repr__(self) -> str:
+        return f"{self!s}, which is not a JSON number"
+
+
 def check_json_text(text: bytes, signature: ModelSignature, *, max_samples: int) -> int:
     """A 413 for JSON ``text`` holding more items than a request of at most ``max_samples`` samples of the
     model does, before any parser reads it; return how many ``[`` it has (the fast readers compare that

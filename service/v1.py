@@ -24,6 +24,7 @@ from service import json_numbers
 from service.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
 from service.inference import (
     InferenceRequest,
+    JSONConstant,
     ModelSignature,
     Result,
     check_json_containers,
@@ -204,7 +205,7 @@ def _parse_strict(body: bytes, signature: ModelSignature, max_samples: int) -> I
     try:
         # Integers as floats (a 400-digit integer becomes inf, then is refused); duplicate keys refused.
         payload = json.loads(
-            body, parse_constant=_Constant, parse_int=float, object_pairs_hook=json_numbers.unique_keys
+            body, parse_constant=JSONConstant, parse_int=float, object_pairs_hook=json_numbers.unique_keys
         )
     except RecursionError:  # deeper than the decoder recurses (its message names its internals)
         raise InvalidInput("body is not valid JSON: nested too deeply") from None
@@ -261,7 +262,7 @@ def _vector(values: Any, dim: int, where: str) -> np.ndarray:
     if values is None:
         raise InvalidInput(f"{where}: expected a list of {dim} numbers, got null; {_MISSING}")
     if not isinstance(values, list):
-        got = repr(values) if isinstance(values, _Constant) else type(values).__name__
+        got = repr(values) if isinstance(values, JSONConstant) else type(values).__name__
         raise InvalidInput(f"{where}: expected a list of {dim} numbers, got {got}")
     if len(values) != dim:
         raise InvalidInput(f"{where}: expected {dim} values, got {len(values)}")
@@ -270,7 +271,7 @@ def _vector(values: Any, dim: int, where: str) -> np.ndarray:
     kinds = set(map(type, values))
     if kinds != {float}:
         odd = next(i for i, x in enumerate(values) if type(x) is not float)
-        if values[odd] is None or isinstance(values[odd], _Constant):
+        if values[odd] is None or isinstance(values[odd], JSONConstant):
             got = "null" if values[odd] is None else repr(values[odd])
             raise InvalidInput(f"{where}[{odd}]: every value must be a number, got {got}; {_MISSING}")
         raise InvalidInput(f"{where}[{odd}]: every value must be a number, got {values[odd]!r}")
@@ -283,11 +284,3 @@ def _vector(values: Any, dim: int, where: str) -> np.ndarray:
     if not np.isfinite(array).all():  # what rounds to a finite float32 fits; the rest would be infinity
         raise InvalidInput(f"{where}: values must fit in float32")
     return array
-
-
-class _Constant(str):
-    """``NaN``, ``Infinity`` or ``-Infinity`` where JSON has a number: not JSON, but what Python's json writes
-    for a float that is none. Read as this (no number), so that the refusal says where it stands."""
-
-    def __repr__(self) -> str:
-        return f"{self!s}, which is not a JSON number"

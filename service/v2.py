@@ -33,6 +33,7 @@ from service.errors import InvalidInput, PayloadTooLarge
 from service.inference import (
     JSON_BESIDE_SAMPLES,
     InferenceRequest,
+    JSONConstant,
     ModelSignature,
     Result,
     check_json_containers,
@@ -233,11 +234,6 @@ def _request(header: bytes) -> InferRequest:
     return request
 
 
-class _Constant(str):
-    """``NaN``, ``Infinity`` or ``-Infinity`` where JSON has a number (what Python's json writes for a float
-    that is none), as :func:`_constant_in` reads it."""
-
-
 def _constant_in(header: bytes) -> str | None:
     """Where a JSON text that msgspec found malformed has ``NaN`` or ``Infinity`` in an input's data, with
     what to send instead; None if that is not what is wrong with it. Read by Python's parser, which takes
@@ -245,18 +241,17 @@ def _constant_in(header: bytes) -> str | None:
     if b"NaN" not in header and b"Infinity" not in header:
         return None
     try:
-        document = json.loads(header, parse_constant=_Constant)
+        document = json.loads(header, parse_constant=JSONConstant)
     except (ValueError, RecursionError):
         return None
     inputs = document.get("inputs") if isinstance(document, dict) else None
     for i, tensor in enumerate(inputs if isinstance(inputs, list) else ()):
         data = tensor.get("data") if isinstance(tensor, dict) else None
-        found = next(((j, v) for j, v in enumerate(_leaves(data)) if isinstance(v, _Constant)), None)
+        found = next(((j, v) for j, v in enumerate(_leaves(data)) if isinstance(v, JSONConstant)), None)
         if found is not None:
             return (
-                f"inputs[{i}] ({tensor.get('name')}): data[{found[0]}] is {found[1]}, which is not a JSON "
-                "number; a view a sample lacks goes as a row all NaN in binary data (or is left out of every "
-                "sample)"
+                f"inputs[{i}] ({tensor.get('name')}): data[{found[0]}] is {found[1]!r}; a view a sample "
+                "lacks goes as a row all NaN in binary data (or is left out of every sample)"
             )
     return None
 
