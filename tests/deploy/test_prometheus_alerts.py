@@ -13,7 +13,7 @@ import json
 import re
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -42,6 +42,7 @@ SAMPLES_PER_REQUEST = 250  # ~3 MB of JSON, under the service's body limit
 WINDOW = "20s"
 FOR = "3s"
 CONFLICT_ALERTS = {"DBFHighConflictRate", "DBFModalityConflict"}
+VIEW_ALERTS = {"DBFViewOutOfRange", "DBFViewMissing"}
 
 
 def scaled_rules(path: Path) -> dict:
@@ -129,7 +130,25 @@ def bodies(data, rng: np.random.Generator, tamper: str | None, count: int) -> li
     return out
 
 
-def test_conflict_alerts_go_pending_then_firing_and_name_the_view(data_dir, tmp_path):
+def altered(body: bytes, change: Callable[[dict], None]) -> bytes:
+    """``body`` with ``change`` made to each sample's views."""
+    request = json.loads(body)
+    for sample in request["samples"]:
+        change(sample["views"])
+    return json.dumps(request).encode()
+
+
+def rescaled(view: str) -> Callable[[dict], None]:
+    """That view's features in another unit (x1000): far outside its training range."""
+    return lambda views: views.update({view: [1000.0 * x for x in views[view]]})
+
+
+def dropped(view: str) -> Callable[[dict], None]:
+    """That view no longer sent."""
+    return lambda views: views.pop(view)
+
+
+def test_conflict_and_view_alerts_fire_on_real_traffic_and_name_the_view(data_dir, tmp_path):
     prometheus_bin = require_tool("prometheus", package="prometheus")
     # Debian names the binary prometheus-alertmanager.
     alertmanager_bin = require_tool(
@@ -199,7 +218,7 @@ def test_conflict_alerts_go_pending_then_firing_and_name_the_view(data_dir, tmp_
                 f'/ sum(rate(dbf_predictions_total{{model="{MODEL}"}}[{WINDOW}]))'
             )
             assert clean_rate is not None and clean_rate < 0.05, clean_rate
-            assert not [a for a in seen_clean if a["labels"]["alertname"] in CONFLICT_ALERTS], seen_clean
+            assert not [a for a in seen_clean if a["labels"]["alertname"] in CONFLICT_ALERTS | VIEW_ALERTS]
 
             # One view tampered with in every sample.
             states: dict[tuple[str, str, str], list[str]] = {}
@@ -234,3 +253,21 @@ def test_conflict_alerts_go_pending_then_firing_and_name_the_view(data_dir, tmp_
                     break
                 assert time.monotonic() < deadline, f"Alertmanager has {names}"
                 time.sleep(0.25)
+
+            # A view in another unit, then a view no longer sent: each is fused as missing, which the flag
+            # cannot see; the view alerts fire, naming it.
+            for name, view, change in (
+                ("DBFViewOutOfRange", "mor", rescaled("mor")),
+                ("DBFViewMissing", "zer", dropped("zer")),
+            ):
+                broken = [altered(body, change) for body in clean]
+                deadline = time.monotonic() + 90
+                while not any(
+                    (a["labels"]["alertname"], a["labels"].get("view"), a["state"]) == (name, view, "firing")
+                    for a in prom.alerts()
+                ):
+                    assert time.monotonic() < deadline, f"{name} never fired for {view}: {prom.alerts()}"
+                    send(broken[i % len(broken)])
+                    i += 1
+                named = {a["labels"].get("view") for a in prom.alerts() if a["labels"]["alertname"] == name}
+                assert named == {view}, named
