@@ -47,12 +47,12 @@ class PeerModel:
         k = len(self.manifest["classes"])
         evidence = np.zeros((n, len(views), k), np.float32)
         present = np.zeros((n, len(views)), bool)
-        out_of_range = np.zeros((n, len(views)), bool)
+        excess = np.zeros((n, len(views)), np.float32)
         for v, name in enumerate(views):
             if name in given:
-                evidence[:, v], excess = self.sessions[name].run(None, {"features": given[name]})
+                evidence[:, v], excess[:, v] = self.sessions[name].run(None, {"features": given[name]})
                 present[:, v] = True
-                out_of_range[:, v] = ~(excess <= self.manifest["out_of_range"]["threshold"])
+        out_of_range = ~(excess <= self.manifest["out_of_range"]["threshold"])
         evidence[out_of_range] = 0.0
         present &= ~out_of_range
         opinions = opinion_from_evidence(evidence)
@@ -64,7 +64,11 @@ class PeerModel:
         max_conflict = fused.conflict.max(axis=(-1, -2))
         score = fused.uncertainty if flag["score"] == "uncertainty" else max_conflict
         flagged = score >= flag["threshold"]
-        blame = np.where(present, fused.conflict.sum(-1), -1.0).argmax(-1)
+        # dbf-serve's rule: the view furthest out of range where any is, else the one in most conflict.
+        furthest = np.where(out_of_range, np.nan_to_num(excess, nan=np.inf), -1.0).argmax(-1)
+        blame = np.where(
+            out_of_range.any(-1), furthest, np.where(present, fused.conflict.sum(-1), -1.0).argmax(-1)
+        )
         return {
             "label": fused.probability.argmax(-1).astype(np.int64),
             "probability": fused.probability,
