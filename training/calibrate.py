@@ -328,6 +328,29 @@ def evaluate_calibration(
     )
 
 
+def class_coverage(calibration: Calibration, split: FusedSplit, *, coverage: float) -> list[Rate]:
+    """For each class, how often the prediction sets at ``coverage`` hold it on ``split``'s clean samples of
+    it: the guarantee is over all samples, and a class with few samples may be covered far less often.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> def split(n):
+    ...     belief = rng.dirichlet(np.full(3, 0.5), size=n) * 0.8
+    ...     labels = np.array([rng.choice(3, p=row / row.sum()) for row in belief])
+    ...     return FusedSplit(Opinion(belief, np.full(n, 0.2)), labels)
+    >>> section = fit_confidence_and_sets(split(300), default_coverage=0.9)
+    >>> rates = class_coverage(section, split(600), coverage=0.9)
+    >>> len(rates), sum(rate.total for rate in rates), all(0.8 < rate.value <= 1 for rate in rates)
+    (3, 600, True)
+    """
+    calibrated = calibration.applied()
+    b, u, y = _arrays(split)
+    members = calibrated.prediction_set(calibrated.projected_probability(b, u), coverage=coverage)
+    covered = members[np.arange(y.size), y]
+    return [Rate.of(covered[y == k]) for k in range(b.shape[1])]
+
+
 def _set_figures(
     calibrated: ModelCalibration, b: np.ndarray, u: np.ndarray, y: np.ndarray, levels: Sequence[float]
 ) -> dict[float, SetFigures]:

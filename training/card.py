@@ -17,7 +17,7 @@ import numpy as np
 
 from manifest import CalibrationSamples, Manifest
 from training.architecture import Candidate, HeadChoice
-from training.calibrate import REPORT_COVERAGES, CalibrationReport, evaluate_calibration
+from training.calibrate import REPORT_COVERAGES, CalibrationReport, class_coverage, evaluate_calibration
 from training.metrics import Rate, coverage_band
 from training.report import FitReport
 
@@ -195,6 +195,26 @@ def _over_covered(measured: CalibrationReport, bands: dict[float, tuple[float, f
     )
 
 
+def _under_covered_classes(report: FitReport, manifest: Manifest) -> str:
+    """The classes the sets hold less often than the default coverage on the test split, beyond doubt (the
+    95% interval below it): the guarantee is over all samples, not per class."""
+    coverage = manifest.calibration.conformal.default_coverage
+    rates = class_coverage(manifest.calibration, report.test, coverage=coverage)
+    short = [
+        f"{name} ({_percent(rate.value)} of {rate.total} [{100 * rate.interval[0]:.1f}, "
+        f"{100 * rate.interval[1]:.1f}])"
+        for name, rate in zip(manifest.classes, rates, strict=True)
+        if rate.total and rate.interval[1] < coverage
+    ]
+    if not short:
+        return ""
+    return (
+        f"\nThe coverage is over all samples, not per class: at {coverage:g} the sets held the true class "
+        f"less often, beyond chance, for {', '.join(short)}. Classes with few training samples are where "
+        "this happens; more of their samples is the remedy.\n"
+    )
+
+
 def confidence_and_sets(report: FitReport, manifest: Manifest) -> Section:
     """Reliability of the projected probability and of the calibrated ``confidence``; the prediction sets'
     coverage against the level asked for (with the range a correct method lands in), and their size, clean
@@ -257,7 +277,10 @@ def confidence_and_sets(report: FitReport, manifest: Manifest) -> Section:
         "their coverage is measured only. In brackets, the range in which a correct method's coverage lands "
         f"on {measured.samples} test samples, 19 times in 20:\n\n"
         "| coverage asked | clean: covered | clean: mean set size | conflictive: covered | "
-        "conflictive: mean set size |\n|---|---|---|---|---|\n" + rows + _over_covered(measured, bands)
+        "conflictive: mean set size |\n|---|---|---|---|---|\n"
+        + rows
+        + _over_covered(measured, bands)
+        + _under_covered_classes(report, manifest)
     )
     figures = (
         Figure(

@@ -682,3 +682,29 @@ def test_the_card_explains_coverage_above_its_range_where_no_set_is_empty(empty,
     assert bool(note) == explained
     if explained:
         assert "At 0.8, 0.9 the sets cover more than the range" in note and "(97.0% here)" in note
+
+
+def test_the_card_names_the_classes_the_sets_cover_less_often():
+    """Marginal coverage hides a class the model gets wrong: class `rare` (a tenth of the samples, always
+    taken for `a` with confidence) is the tenth the sets leave out, and the card names it."""
+    from types import SimpleNamespace
+
+    from fusion import Opinion
+    from training.calibrate import FusedSplit, fit_confidence_and_sets
+    from training.card import _under_covered_classes
+
+    rng = np.random.default_rng(0)
+
+    def split(n: int) -> FusedSplit:
+        labels = rng.choice(3, size=n, p=[0.45, 0.45, 0.1])
+        belief = np.full((n, 3), 0.05)
+        belief[np.arange(n), np.where(labels == 2, 0, labels)] = 0.8  # `rare` looks like `a`
+        belief += rng.uniform(0, 0.01, size=belief.shape)
+        return FusedSplit(Opinion(belief / belief.sum(1, keepdims=True) * 0.9, np.full(n, 0.1)), labels)
+
+    section = fit_confidence_and_sets(split(600), default_coverage=0.9)
+    note = _under_covered_classes(
+        SimpleNamespace(test=split(1000)), SimpleNamespace(classes=["a", "b", "rare"], calibration=section)
+    )
+    assert note.startswith("\nThe coverage is over all samples, not per class: at 0.9 the sets held")
+    assert "for rare (" in note and "a (" not in note and "b (" not in note
