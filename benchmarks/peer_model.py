@@ -65,7 +65,7 @@ class PeerModel:
         score = fused.uncertainty if flag["score"] == "uncertainty" else max_conflict
         flagged = score >= flag["threshold"]
         # dbf-serve's rule: the view furthest out of range where any is, else the one in most conflict.
-        furthest = np.where(out_of_range, np.nan_to_num(excess, nan=np.inf), -1.0).argmax(-1)
+        furthest = np.where(out_of_range, excess, -1.0).argmax(-1)  # NaN (a NaN feature) counts as most
         blame = np.where(
             out_of_range.any(-1), furthest, np.where(present, fused.conflict.sum(-1), -1.0).argmax(-1)
         )

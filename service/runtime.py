@@ -98,8 +98,10 @@ def _blamed_views(
     is (the sample's most certain fault: its head's certainty means nothing there, and the views left may
     agree perfectly, as when one alone is left); else the fused view in most conflict with the others (for
     DBF, the most discounted); view 0 where none was sent."""
-    furthest = np.where(out_of_range, np.nan_to_num(excess, nan=np.inf), -1.0).argmax(-1)
     in_most_conflict = np.where(fused_views, conflict.sum(-1), -1.0).argmax(-1)
+    if not out_of_range.any():
+        return in_most_conflict
+    furthest = np.where(out_of_range, excess, -1.0).argmax(-1)  # NaN (a NaN feature) counts as most
     return np.where(out_of_range.any(-1), furthest, in_most_conflict)
 
 
