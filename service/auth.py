@@ -30,9 +30,14 @@ from service.errors import Forbidden, Unauthorized
 _BEARER = HTTPBearer(auto_error=False, description="DBF_API_KEY, when the service has one")
 
 
+TWICE = "Authorization given twice: send one (a proxy and the service could each read another)"
+
+
 async def require_api_key(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)]
 ) -> None:
+    if len(request.headers.getlist("authorization")) > 1:
+        raise Unauthorized(TWICE, headers={"WWW-Authenticate": "Bearer"})
     verify_token(None if credentials is None else credentials.credentials, request.app.state.settings.api_key)
 
 
@@ -50,9 +55,10 @@ def verify_token(token: str | None, key: SecretStr | None) -> None:
 
 
 def bearer_token(authorization: str | None) -> str | None:
-    """The token of an ``Authorization: Bearer <token>`` value (the scheme in any case, as HTTPBearer
-    reads it); None for none or another scheme."""
+    """The token of an ``Authorization: Bearer <token>`` value, read as HTTPBearer reads REST's (the scheme
+    in any case, spaces around the token dropped); None for none or another scheme."""
     scheme, _, token = (authorization or "").partition(" ")
+    token = token.strip()
     return token if scheme.lower() == "bearer" and token else None
 
 

@@ -3,12 +3,12 @@ the process and event loop of the HTTP server (each worker process serves it: :f
 app's lifespan), with ``grpc.health.v1`` (Kubernetes' gRPC probes) and server reflection beside it.
 
 Inference goes through the core's pipeline (:meth:`service.dataplane.DataPlane.serve`) with
-:mod:`service.grpc_codec`; the limits are REST's: a message of at most ``DBF_MAX_BODY_BYTES`` (decompressed:
-gzip is gRPC's own), held in the body budget while it is served, ``DBF_MAX_SAMPLES``, the in-flight slots,
-the client's deadline (its cancellation frees the slot), ``DBF_API_KEY`` as ``authorization: Bearer <key>``
-metadata (ModelReady, ModelMetadata, ModelInfer: what REST guards under ``/v2/models``; server liveness,
-readiness, metadata, health and reflection stay open, as REST's probes). Domain errors become gRPC status
-codes here, with REST's messages (:data:`STATUS`); a bug is INTERNAL, never a client's mistake.
+:mod:`service.grpc_codec`; the limits are REST's: a message of at most what ``DBF_MAX_SAMPLES`` samples take
+as tensors (:func:`service.repository.message_limit`; decompressed: gzip is gRPC's own), held in the body
+budget while it is served, ``DBF_MAX_SAMPLES``, the in-flight slots, the client's deadline (its
+cancellation frees the slot), ``DBF_API_KEY`` as ``authorization: Bearer <key>`` metadata, checked before
+the message is read (:class:`KeyFirst`). Domain errors become gRPC status codes here, with REST's messages
+(:data:`STATUS`); a bug is INTERNAL, never a client's mistake.
 """
 
 from __future__ import annotations
@@ -17,19 +17,21 @@ import asyncio
 import logging
 import signal
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import grpc
 from google.protobuf import descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
+from pydantic import SecretStr
 
 from service import grpc_codec, metrics
-from service.auth import bearer_token, verify_token
+from service.auth import TWICE, bearer_token, verify_token
 from service.dataplane import BodyBudget, DataPlane
-from service.errors import ServiceError
+from service.errors import ServiceError, Unauthorized
 from service.proto import grpc_predict_v2_pb2 as pb
+from service.repository import message_limit
 from service.settings import Settings
 
 log = logging.getLogger("dbf.grpc")
@@ -90,21 +92,18 @@ class InferenceServicer:
         )
 
     async def model_ready(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
-        self._authorize(context)
         self.plane.model(request.name, request.version or None)
         return pb.ModelReadyResponse(ready=True)
 
     async def model_metadata(
         self, request: pb.ModelMetadataRequest, context: Any
     ) -> pb.ModelMetadataResponse:
-        self._authorize(context)
         return grpc_codec.metadata(self.plane.model(request.name, request.version or None).signature)
 
     async def model_infer(self, body: bytes, context: Any) -> bytes:
         """ModelInfer, its request and answer as bytes: the message is parsed here (off the event loop when
         big: :data:`INLINE_MESSAGE_BYTES`), its parse errors the client's (INVALID_ARGUMENT)."""
         headers = _metadata(context)
-        self._authorize(context, headers)
         plane = self.plane
         message = await plane.run(grpc_codec.parse, body, inline=len(body) <= INLINE_MESSAGE_BYTES)
         del body  # the message holds what is needed of it
@@ -113,10 +112,6 @@ class InferenceServicer:
         held = _Held(plane.bodies, message)
         delay = plane.settings.grpc_batch_delay_ms / 1000
         return await plane.serve(grpc_codec, name, version, headers, held, batch_delay=delay)
-
-    def _authorize(self, context: Any, headers: Mapping[str, str] | None = None) -> None:
-        headers = _metadata(context) if headers is None else headers
-        verify_token(bearer_token(headers.get("authorization")), self.plane.settings.api_key)
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The service's method handlers, each behind :func:`_answering`, requests and answers as bytes (the
@@ -176,6 +171,52 @@ def _answering(method: Handler) -> Handler:
     return answer
 
 
+# The methods behind DBF_API_KEY: what REST guards under /v2/models. Liveness, readiness, server metadata,
+# health and reflection stay open, as REST's probes do.
+PROTECTED = frozenset(
+    f"/{grpc_codec.SERVICE}/{method}" for method in ("ModelReady", "ModelMetadata", "ModelInfer")
+)
+
+
+class KeyFirst(grpc.aio.ServerInterceptor):
+    """``DBF_API_KEY`` checked on a call's metadata before its message is read. A unary handler gets its
+    message whole from gRPC, so a check inside it comes after the bytes (up to the message limit, per call)
+    are in memory: unauthenticated clients could fill it. A call refused here gets a streaming handler that
+    never asks for the message, and UNAUTHENTICATED with REST's message, counted as REST's 401s are."""
+
+    def __init__(self, key: SecretStr) -> None:
+        self.key = key
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        if details.method in PROTECTED:
+            try:
+                verify_token(_token(details.invocation_metadata or ()), self.key)
+            except ServiceError as error:
+                metrics.ERRORS.labels(reason=error.type).inc()
+                return grpc.stream_unary_rpc_method_handler(_refusal(error.message))
+        return await continuation(details)
+
+
+def _token(metadata: Iterable[tuple[str, str | bytes]]) -> str | None:
+    """The bearer token of the call's one ``authorization`` entry (two are refused, as REST refuses two
+    Authorization headers: a proxy and the service could each read another)."""
+    values = [value for key, value in metadata if key == "authorization"]
+    if len(values) > 1:
+        raise Unauthorized(TWICE, headers={"WWW-Authenticate": "Bearer"})
+    return bearer_token(values[0] if values and isinstance(values[0], str) else None)
+
+
+def _refusal(message: str) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[None]]:
+    async def refuse(requests: Any, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    return refuse
+
+
 class GrpcFrontEnd:
     """The gRPC server of one worker process: started by :func:`start`, drained by :meth:`stop`, which
     begins as soon as the process is told to stop (:meth:`stop_on_signals`)."""
@@ -221,16 +262,17 @@ class GrpcFrontEnd:
 async def start(plane: DataPlane, settings: Settings, version: str) -> GrpcFrontEnd:
     """Serve gRPC on ``DBF_HOST``:``DBF_GRPC_PORT`` in this event loop. The port is shared with the other
     worker processes (SO_REUSEPORT: the kernel spreads connections among them, as the HTTP side's shared
-    socket does); the message size limit is the body's, as the models loaded at start size it
-    (:func:`service.repository.body_limit`; a reload does not change it)."""
+    socket does); the message size limit is what the models loaded at start take as tensors
+    (:func:`service.repository.message_limit`; a reload does not change it)."""
     repository = plane.repository
-    limit = settings.max_body_bytes if repository is None else repository.max_body_bytes
+    limit = message_limit(settings, () if repository is None else repository.models.values())
     options = [
         ("grpc.so_reuseport", 1),
         ("grpc.max_receive_message_length", limit),
         ("grpc.max_send_message_length", -1),  # an answer is bounded by DBF_MAX_ANSWER_VALUES
     ]
-    server = grpc.aio.server(options=options)
+    key = settings.api_key
+    server = grpc.aio.server(options=options, interceptors=() if key is None else (KeyFirst(key),))
     server.add_generic_rpc_handlers((InferenceServicer(plane, version).handler(),))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

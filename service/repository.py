@@ -473,6 +473,17 @@ def body_limit(settings: Settings, models: Iterable[LoadedModel]) -> int:
     return max([settings.max_body_bytes, *(body_bytes(m.manifest, settings.max_samples) for m in models)])
 
 
+def message_limit(settings: Settings, models: Iterable[LoadedModel]) -> int:
+    """The largest gRPC message taken: what ``DBF_MAX_SAMPLES`` samples of the widest model take as tensors
+    (5 bytes a feature: fp32 contents unpacked, the most; raw and packed ones take 4) and
+    :data:`BODY_ENVELOPE_BYTES` for the rest, within the body limit. A message is read whole before any
+    check of ours, so this bounds what each concurrent call can hold; JSON's 26 bytes a number, which size
+    the body limit, have no place in protobuf."""
+    widest = max((sum(view.dim for view in m.manifest.views) for m in models), default=0)
+    tensors = settings.max_samples * widest * 5 + BODY_ENVELOPE_BYTES
+    return min(body_limit(settings, models), max(tensors, BODY_ENVELOPE_BYTES))
+
+
 def _check_size(path: Path, manifest: Manifest, settings: Settings) -> None:
     """Refuse a model that no request could be served within the limits: a view wider than
     ``DBF_MAX_VIEW_DIM``, or so many classes and views that one sample's answer passes

@@ -256,6 +256,37 @@ def test_without_the_key_a_call_is_unauthenticated(guarded, triton, authorizatio
     )
 
 
+@pytest.mark.parametrize(
+    ("authorization", "served"),
+    [
+        ([f"Bearer  {KEY}"], True),  # spaces around the token, as HTTPBearer drops them
+        ([f"bearer {KEY}"], True),  # the scheme in any case
+        ([f"Bearer {KEY}", "Bearer wrong"], False),  # twice: a proxy and the service could read another
+        (["Bearer wrong", f"Bearer {KEY}"], False),
+    ],
+)
+def test_rest_and_grpc_read_the_authorization_alike(guarded, authorization, served):
+    """One parser for both protocols: before, REST took the first of two Authorization headers and gRPC the
+    last, and gRPC refused a token REST took (spaces around it)."""
+    url, address = guarded
+    headers = [("authorization", value) for value in authorization]
+    rest_status = httpx.get(url + "/v2/models/handwritten", headers=headers).status_code
+    with grpc.insecure_channel(address) as channel:
+        ready = channel.unary_unary(
+            "/inference.GRPCInferenceService/ModelReady",
+            request_serializer=pb.ModelReadyRequest.SerializeToString,
+            response_deserializer=pb.ModelReadyResponse.FromString,
+        )
+        try:
+            ready(pb.ModelReadyRequest(name="handwritten"), metadata=headers, timeout=10)
+            grpc_code = grpc.StatusCode.OK
+        except grpc.RpcError as error:
+            grpc_code = error.code()
+    assert (rest_status, grpc_code) == (
+        (200, grpc.StatusCode.OK) if served else (401, grpc.StatusCode.UNAUTHENTICATED)
+    )
+
+
 def test_with_the_key_a_call_is_served(guarded, triton):
     url, address = guarded
     key = {"authorization": f"Bearer {KEY}"}

@@ -519,9 +519,10 @@ def test_health_answers_while_a_big_answer_is_encoded(wide):
 
 def test_bodies_that_parse_into_many_times_their_size_are_refused_unparsed():
     """Within the body limit, bodies of two bytes an item (``{},`` ``[],`` ``0,``) or protobuf messages of
-    a million map entries made the parsers' memory 20 to 40 times their size, and their time seconds (a 30
-    MB JSON body took the service past 1 GiB and 17 s, then answered 200). Each is now refused before it is
-    parsed, the service's peak memory growing by a few times the body at most."""
+    many map entries made the parsers' memory 20 to 40 times their size, and their time seconds (a 30 MB
+    JSON body took the service past 1 GiB and 17 s, then answered 200; a million entries took protobuf 31 s).
+    Each is now refused before it is parsed, the service's peak memory growing by a few times the body at
+    most."""
     grpc_port = free_port()
     one = {"name": "mor", "shape": [1, 6], "datatype": "FP32", "data": [0.5] * 6}
     objects = b"[" + b",".join([b"{}"] * 5_000_000) + b"]"  # 15 MB: within the limit, made by the models
@@ -530,7 +531,7 @@ def test_bodies_that_parse_into_many_times_their_size_are_refused_unparsed():
         "v1, arrays in a field not ours": ("/predict", b'{"samples": [{"views": {"mor": [%s]}}], "x": %s}'),
     }
     message = pb.ModelInferRequest(model_name="handwritten")
-    for k in range(1_000_000):  # 14 MB of distinct keys
+    for k in range(200_000):  # 2.8 MB of distinct keys: within the message limit (1024 samples' tensors)
         message.parameters[f"k{k}"].bool_param = True
     infer = message.SerializeToString()
     del message
@@ -547,11 +548,45 @@ def test_bodies_that_parse_into_many_times_their_size_are_refused_unparsed():
             call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
             with pytest.raises(grpc.RpcError) as refused:
                 call(infer, timeout=60)
-        statuses["gRPC, a million parameters"] = refused.value.code(), refused.value.details()[:80]
+        statuses["gRPC, 200,000 parameters"] = refused.value.code(), refused.value.details()[:80]
         grown = _memory(proc.pid, "VmHWM") - before
         assert httpx.get(url + "/health").status_code == 200
     print(statuses, f"peak RSS grew by {grown / 2**20:.0f} MiB")
     assert statuses["v2, objects in a field not ours"][0] == 413
     assert statuses["v1, arrays in a field not ours"][0] == 413
-    assert statuses["gRPC, a million parameters"][0] == grpc.StatusCode.INVALID_ARGUMENT
+    assert statuses["gRPC, 200,000 parameters"][0] == grpc.StatusCode.INVALID_ARGUMENT
     assert grown < 8 * len(objects), f"{grown / 2**20:.0f} MiB"
+
+
+def test_grpc_calls_without_the_key_are_refused_before_their_messages_are_read():
+    """With DBF_API_KEY set, 64 concurrent ModelInfer calls of 3 MB (within the message limit) without it:
+    each is UNAUTHENTICATED and the service never holds their messages. Before, gRPC read each message whole
+    and the key was checked after: 32 calls of 35 MB (the limit then: JSON's size of 1024 samples, where
+    their tensors take 3.3 MB) took a service past 1.5 GB. A message over the limit is refused by size."""
+    grpc_port, key = free_port(), "grpc-secret"
+    message = bytes(3 << 20)  # never parsed: refused on its metadata
+
+    async def calls(n: int, body: bytes, metadata: tuple = ()) -> list[grpc.StatusCode]:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+            answers = await asyncio.gather(
+                *(infer(body, timeout=60, metadata=metadata) for _ in range(n)), return_exceptions=True
+            )
+        return [
+            answer.code() if isinstance(answer, grpc.aio.AioRpcError) else grpc.StatusCode.OK
+            for answer in answers
+        ]
+
+    env = {"DBF_API_KEY": key}
+    args = ("--model-dir", str(HANDWRITTEN), "--grpc-port", str(grpc_port))
+    with service_process(*args, env=env) as (url, proc):
+        assert asyncio.run(calls(1, message)) == [grpc.StatusCode.UNAUTHENTICATED]  # warm
+        before = _memory(proc.pid, "VmRSS")
+        codes = asyncio.run(calls(64, message))
+        grown = _memory(proc.pid, "VmHWM") - before
+        too_big = asyncio.run(calls(1, bytes(4 << 20), (("authorization", f"Bearer {key}"),)))
+        assert httpx.get(url + "/health").status_code == 200
+    print(f"64 x 3 MB without the key: RSS grew by at most {grown / 2**20:.0f} MiB")
+    assert set(codes) == {grpc.StatusCode.UNAUTHENTICATED}
+    assert grown < 32 << 20  # a tenth of the messages' 192 MiB
+    assert too_big == [grpc.StatusCode.RESOURCE_EXHAUSTED]
