@@ -104,14 +104,18 @@ async def require_local_admin(request: Request) -> None:
     reach the port should be able to call for. With a key, the key guards them (:func:`require_api_key`).
 
     Behind a proxy on this host, uvicorn takes the client's address from ``X-Forwarded-For``, a header it
-    trusts from 127.0.0.1 only: a proxy that does not set it makes every client look local.
+    trusts from 127.0.0.1 only; from another loopback address (a mesh's sidecar, 127.0.0.6 in Istio) the
+    header stays, and every address it names must be local too. A proxy that sets no such header makes
+    every client look local.
     """
     if request.app.state.settings.api_key is not None:
         return
     client = request.client.host if request.client is not None else ""
-    if not _loopback(client):
+    forwarded = [a.strip() for value in request.headers.getlist("x-forwarded-for") for a in value.split(",")]
+    remote = next((address for address in (client, *forwarded) if not _loopback(address)), None)
+    if remote is not None:
         raise Forbidden(
-            f"admin endpoints answer only clients on this host (not {client or 'an unknown client'}) while "
+            f"admin endpoints answer only clients on this host (not {remote or 'an unknown client'}) while "
             "the service has no DBF_API_KEY; set one to call them from elsewhere"
         )
 

@@ -227,6 +227,15 @@ def test_without_a_key_only_clients_on_this_host_may_reload():
         assert "DBF_API_KEY" in refused.json()["error"]["message"]
         assert metric(url, "dbf_model_reloads_total", outcome="success") == reloads
         assert httpx.post(url + "/v1/admin/reload").status_code == 200  # from this host
+        # A sidecar on another loopback address (Istio's 127.0.0.6): uvicorn does not trust its header, which
+        # must then name a local client too (before, any loopback peer was taken for the client).
+        sidecar = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.6"))
+        with sidecar:
+            refused = sidecar.post(url + "/v1/admin/reload", headers=remote)
+            assert refused.status_code == 403 and "203.0.113.7" in refused.json()["error"]["message"]
+            assert sidecar.post(url + "/v1/admin/reload").status_code == 200
+            local = {"X-Forwarded-For": "127.0.0.1"}
+            assert sidecar.post(url + "/v1/admin/reload", headers=local).status_code == 200
     with serving(MODELS, api_key="s3cret") as url:  # a key: it alone decides, wherever the client is
         assert httpx.post(url + "/v1/admin/reload", headers=remote).status_code == 401
         key = {**remote, "Authorization": "Bearer s3cret"}
