@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["DBF_GRPC_PORT"] = str(args.grpc_port)
     if args.workers == "auto":
         args.workers = available_cores()
+    os.environ["DBF_WORKERS"] = str(args.workers)  # each worker knows it has siblings (admin reload)
     if args.workers > 1:
         # uvicorn's supervisor would swallow a worker's load failure and exit 0: verify and load once here
         # first. (A single worker's failure already stops uvicorn with a non-zero status.)

@@ -158,6 +158,17 @@ def test_a_removed_model_is_no_longer_reported_by_any_worker(tmp_path, workers):
         assert models(url) == ["handwritten"]
 
 
+def test_with_several_workers_a_reload_call_is_refused_saying_what_to_do(tmp_path):
+    """A call reaches one worker of two: it reloaded that one and answered 200, the other serving on the
+    old models (the lifecycle probe saw versions 26 and 24 answer in turn). Refused now, naming the watcher."""
+    root = repository(tmp_path, "handwritten")
+    with running_service("--model-dir", str(root), "--workers", "2") as url:
+        refused = httpx.post(url + "/v1/admin/reload")
+        assert refused.status_code == 409, refused.text
+        message = refused.json()["error"]["message"]
+        assert "2 worker processes" in message and "DBF_RELOAD_POLL_SECONDS" in message
+
+
 def test_the_watcher_follows_symlinks_and_sees_atomic_swaps(tmp_path):
     """The usual deploy: releases in their own folders, the repository (or a model in it) a symlink,
     swapped atomically (``ln -sfn new tmp && mv -T tmp current``). A symlinked model added, a model's link
