@@ -160,7 +160,8 @@ def test_a_removed_model_is_no_longer_reported_by_any_worker(tmp_path, workers):
 
 def test_with_several_workers_a_reload_call_is_refused_saying_what_to_do(tmp_path):
     """A call reaches one worker of two: it reloaded that one and answered 200, the other serving on the
-    old models (the lifecycle probe saw versions 26 and 24 answer in turn). Refused now, naming the watcher."""
+    old models (the lifecycle probe saw versions 26 and 24 answer in turn). Refused now, naming the
+    watcher."""
     root = repository(tmp_path, "handwritten")
     with running_service("--model-dir", str(root), "--workers", "2") as url:
         refused = httpx.post(url + "/v1/admin/reload")
