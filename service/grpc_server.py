@@ -270,6 +270,10 @@ async def start(plane: DataPlane, settings: Settings, version: str) -> GrpcFront
         ("grpc.so_reuseport", 1),
         ("grpc.max_receive_message_length", limit),
         ("grpc.max_send_message_length", -1),  # an answer is bounded by DBF_MAX_ANSWER_VALUES
+        # HTTP's connection limits: idle connections close, and at most so many are open at once (else a
+        # flood of sockets that only say hello holds the process's file descriptors, probes' included).
+        ("grpc.max_connection_idle_ms", round(settings.idle_timeout_seconds * 1000)),
+        ("grpc.max_allowed_incoming_connections", settings.max_connections),
     ]
     key = settings.api_key
     server = grpc.aio.server(options=options, interceptors=() if key is None else (KeyFirst(key),))

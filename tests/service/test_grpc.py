@@ -523,3 +523,42 @@ def test_a_grpc_port_taken_refuses_to_start():
         failed = start_and_fail("--grpc-port", str(port), "--model-dir", str(MODELS / "scene15"))
     assert failed.returncode != 0
     assert "DBF_GRPC_PORT" in failed.stdout + failed.stderr
+
+
+def test_idle_connections_close_and_their_number_is_capped():
+    """HTTP's connection limits hold on the gRPC port: before, 300 connections that sent only HTTP/2's
+    preface were all still open 330 s later, and enough of them took the file descriptors that probes need.
+    Here, with room for 20 and 1 s of idleness: the 20 beyond the cap close at once, the rest once idle."""
+    port = free_port()
+    preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000")  # and empty SETTINGS
+    env = {"DBF_IDLE_TIMEOUT_SECONDS": "1", "DBF_MAX_CONNECTIONS": "20"}
+    with service_process("--model-dir", str(MODELS / "handwritten"), "--grpc-port", str(port), env=env):
+        sockets = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]
+        for sock in sockets:
+            sock.sendall(preface)
+
+        def closed() -> int:
+            return sum(_closed_by_peer(sock) for sock in sockets)
+
+        time.sleep(0.5)
+        at_once = closed()
+        deadline = time.monotonic() + 10
+        while closed() < 40:
+            assert time.monotonic() < deadline, f"{closed()} of 40 idle connections closed"
+            time.sleep(0.2)
+        for sock in sockets:
+            sock.close()
+    assert at_once == 20
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """Whether the other end has closed ``sock`` (what it sent before, a GOAWAY, read and dropped)."""
+    sock.setblocking(False)
+    try:
+        while data := sock.recv(65536):
+            del data
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+    return True
