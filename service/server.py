@@ -502,6 +502,14 @@ class WorkerSupervisor(Multiprocess):
         super().keep_subprocess_alive()
         self._forget_departed()
 
+    def terminate_all(self) -> None:
+        """Stop the workers, the listening socket closed here first: it stays open while any process holds
+        it, and the kernel would queue new connections that no draining worker accepts (held for the whole
+        grace, then reset), where with one worker they are refused at once."""
+        for sock in self.sockets:
+            sock.close()
+        super().terminate_all()
+
     def _forget_departed(self) -> None:
         current = {process.pid for process in self.processes}
         metrics.forget_processes(pid for pid in self.known - current if pid is not None)

@@ -214,9 +214,11 @@ def test_concurrent_requests_get_their_own_answers(batching):
 
 
 @pytest.mark.slow
-def test_sigterm_finishes_in_flight_requests_and_exits_zero():
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_sigterm_finishes_in_flight_requests_and_exits_zero(workers):
     """SIGTERM while a request is in flight: the service stops accepting connections, answers that request
-    in full, and exits 0."""
+    in full, and exits 0. With worker processes too: their supervisor held the listening socket open, and
+    new connections waited the whole grace for nobody, then were reset."""
     port = free_port()
     proc = subprocess.Popen(
         [
@@ -229,6 +231,8 @@ def test_sigterm_finishes_in_flight_requests_and_exits_zero():
             str(port),
             "--model-dir",
             HANDWRITTEN,
+            "--workers",
+            workers,
         ],
         stdout=subprocess.DEVNULL,  # its log is not the subject here, and an unread pipe could block it
         stderr=subprocess.STDOUT,
