@@ -2,8 +2,9 @@
 the API's documentation (``/openapi.json``, ``/docs``, ``/redoc``: the schema shows the default model's views
 and their dimensions).
 
-``/health``, ``/ready`` and ``/metrics`` stay open: probes and scrapers carry no secrets, and they reveal
-nothing a caller could use (protect /metrics at the network level if that matters to you). The app
+``/health``, ``/ready`` and ``/metrics`` stay open: probes and scrapers carry no secrets. They reveal the
+models' and views' names and the counts of answers, nothing that lets a caller predict or reload (protect
+them at the network level where that matters: docs/operations/security.md). The app
 attaches the check only when a key is set (:func:`service.app.create_app`): without one there is nothing
 to check, nor a dependency to solve on every request, and the OpenAPI schema asks for no token.
 A protected route checks the key first, before it says which methods it takes (:class:`ProtectedRoute`).
