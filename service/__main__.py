@@ -49,12 +49,15 @@ def main(argv: list[str] | None = None) -> None:
         default=defaults.device,
         help="where the heads run: auto (each batch where it ran fastest at load), cuda or cpu",
     )
-    parser.add_argument("--log-level", default=defaults.log_level)
+    parser.add_argument(
+        "--log-level", default=defaults.log_level, choices=["debug", "info", "warning", "error", "critical"]
+    )
     args = parser.parse_args(argv)
     # Each worker process builds the app from the environment: hand the command line's choices on.
     os.environ["DBF_MODEL_DIR"] = str(args.model_dir)
     os.environ["DBF_DEVICE"] = args.device
     os.environ["DBF_GRPC_PORT"] = str(args.grpc_port)
+    os.environ["DBF_LOG_LEVEL"] = args.log_level  # the service's own loggers too, not only uvicorn's
     if args.workers == "auto":
         args.workers = available_cores()
     os.environ["DBF_WORKERS"] = str(args.workers)  # each worker knows it has siblings (admin reload)
