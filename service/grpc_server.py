@@ -29,7 +29,7 @@ from pydantic import SecretStr
 from service import grpc_codec, metrics
 from service.auth import TWICE, bearer_token, verify_token
 from service.dataplane import BodyBudget, DataPlane
-from service.errors import ServiceError, Unauthorized
+from service.errors import RequestTimeout, ServiceError, Unauthorized
 from service.proto import grpc_predict_v2_pb2 as pb
 from service.repository import message_limit
 from service.settings import Settings
@@ -103,6 +103,9 @@ class InferenceServicer:
     async def model_infer(self, body: bytes, context: Any) -> bytes:
         """ModelInfer, its request and answer as bytes: the message is parsed here (off the event loop when
         big: :data:`INLINE_MESSAGE_BYTES`), its parse errors the client's (INVALID_ARGUMENT)."""
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= 0:  # queued past its deadline: nobody awaits the answer
+            raise RequestTimeout("the call's deadline passed before it could be served")
         headers = _metadata(context)
         plane = self.plane
         message = await plane.run(grpc_codec.parse, body, inline=len(body) <= INLINE_MESSAGE_BYTES)
@@ -153,6 +156,9 @@ def _answering(method: Handler) -> Handler:
     async def answer(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             return await method(request, context)
+        except asyncio.CancelledError:  # the client went away, or its deadline passed, mid-call
+            metrics.ERRORS.labels(reason="client_disconnected").inc()
+            raise
         except ServiceError as error:
             code = STATUS.get(error.type)
             if code is None:  # a domain error with no client's cause (none today): the server's

@@ -6,6 +6,7 @@ Every answer is REST's answer to the same request, to the bit; every error REST'
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import socket
@@ -562,3 +563,50 @@ def _closed_by_peer(sock: socket.socket) -> bool:
     except ConnectionResetError:
         return True
     return True
+
+
+class _ExpiredCall:
+    """A ServicerContext whose call is past its deadline, recording how it is ended."""
+
+    def __init__(self) -> None:
+        self.ended: tuple[grpc.StatusCode, str] | None = None
+
+    def time_remaining(self) -> float:
+        return -0.01
+
+    def invocation_metadata(self) -> tuple:
+        return ()
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        self.ended = code, details
+
+
+def test_a_call_queued_past_its_deadline_is_not_computed():
+    """A call whose turn comes after its deadline (queued behind others on a busy service) is refused
+    DEADLINE_EXCEEDED before its message is parsed or its heads run, and counted (request_timeout); and a
+    call cancelled mid-way (its client gone, or its deadline passed) is counted as client_disconnected.
+    Before, both were computed for nobody and counted nowhere (the lifecycle probe: 69 of 99 expired calls
+    fully computed)."""
+    from prometheus_client import REGISTRY
+
+    from service.grpc_server import InferenceServicer, _answering
+
+    def count(reason: str) -> float:
+        return REGISTRY.get_sample_value("dbf_errors_total", {"reason": reason}) or 0.0
+
+    timeouts, gone = count("request_timeout"), count("client_disconnected")
+    context = _ExpiredCall()
+    servicer = InferenceServicer(plane=None, version="1")  # nothing of the plane's may be reached
+    asyncio.run(_answering(servicer.model_infer)(b"not even a message", context))
+    assert context.ended == (
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        "the call's deadline passed before it could be served",
+    )
+    assert count("request_timeout") == timeouts + 1
+
+    async def cancelled(request: bytes, context: object) -> bytes:
+        raise asyncio.CancelledError
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(_answering(cancelled)(b"", _ExpiredCall()))
+    assert count("client_disconnected") == gone + 1
