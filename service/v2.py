@@ -397,7 +397,7 @@ def _arrays(
     binary: bytes,
     signature: ModelSignature,
     max_samples: int,
-) -> tuple[dict[str, np.ndarray], int | None]:
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], int | None]:
     """Each input's float32 rows (from binary data, ``flat``'s numbers read by the fast reader, or its JSON
     ``data``), checked against the model's views, with the rows all NaN left out; which rows those were, by
     input (only inputs that had any); and N (None: no inputs)."""
