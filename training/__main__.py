@@ -295,8 +295,20 @@ def _names(text: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    return args.run(args)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m training", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_download, _add_experiment, _add_summarise, _add_calibration, _add_export, _add_fit):
+        add(commands)
+    return parser
+
+
+def _add_download(commands: argparse._SubParsersAction) -> None:
+    """``download``: the benchmark datasets."""
     fetch = commands.add_parser(
         "download", help="fetch the benchmark datasets from their public sources and verify their SHA-256"
     )
@@ -315,9 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     fetch.add_argument("--mirror", help="base URL to fetch every file from instead of its public source")
     fetch.set_defaults(run=_download)
 
-    from training.architecture import SMALL_HIDDEN
+
+def _add_experiment(commands: argparse._SubParsersAction) -> None:
+    """``experiment``: a grid of runs on the benchmark datasets."""
     from training.experiment import DEFAULT_EPOCHS
-    from training.train import Budget
 
     grid = commands.add_parser(
         "experiment", help="train and evaluate a grid of runs; write results and tables"
@@ -346,12 +359,18 @@ def main(argv: list[str] | None = None) -> int:
     grid.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     grid.set_defaults(run=_experiment)
 
+
+def _add_summarise(commands: argparse._SubParsersAction) -> None:
+    """``summarise``: experiments' tables together."""
     summary = commands.add_parser(
         "summarise", help="print the tables of one or more experiment outputs together (rows by setting)"
     )
     summary.add_argument("dirs", type=Path, nargs="+", help="directories holding results.json")
     summary.set_defaults(run=_summarise)
 
+
+def _add_calibration(commands: argparse._SubParsersAction) -> None:
+    """``calibration``: exported benchmark models' confidence and sets."""
     tables = commands.add_parser(
         "calibration",
         help="measure exported benchmark models' confidence and prediction sets on their test split",
@@ -359,6 +378,11 @@ def main(argv: list[str] | None = None) -> int:
     tables.add_argument("models", type=Path, nargs="+", help="model directories (models/NAME)")
     tables.add_argument("--data-dir", type=Path, default=Path(os.environ.get("DBF_DATA_DIR", "data")))
     tables.set_defaults(run=_calibration)
+
+
+def _add_export(commands: argparse._SubParsersAction) -> None:
+    """``export``: a benchmark dataset's model, as ``models/`` holds."""
+    from training.experiment import DEFAULT_EPOCHS
 
     out = commands.add_parser(
         "export", help="train with the default settings and write an ONNX model repository entry"
@@ -376,6 +400,9 @@ def main(argv: list[str] | None = None) -> int:
     out.add_argument("--target-fpr", type=float, default=0.05, help="flag rate on clean calibration samples")
     out.set_defaults(run=_export)
 
+
+def _add_fit(commands: argparse._SubParsersAction) -> None:
+    """``fit``: a user's data: what to read and where to write (:func:`_add_fit_training`: how)."""
     own = commands.add_parser(
         "fit",
         help="fit a DBF model to your data (a directory of .npy files, a Parquet file, or a benchmark "
@@ -407,6 +434,15 @@ def main(argv: list[str] | None = None) -> int:
         help="a column (or file stem) of train/validation/test per sample, "
         "instead of a stratified 70/10/20 split",
     )
+    _add_fit_training(own)
+    own.set_defaults(run=_fit)
+
+
+def _add_fit_training(own: argparse.ArgumentParser) -> None:
+    """``fit``'s options of training, fusion and calibration."""
+    from training.architecture import SMALL_HIDDEN
+    from training.train import Budget
+
     own.add_argument(
         "--epochs",
         type=_epochs,
@@ -458,9 +494,6 @@ def main(argv: list[str] | None = None) -> int:
         help="where benchmark datasets are (for --data NAME)",
     )
     own.add_argument("--quiet", action="store_true", help="a line every few epochs instead of a progress bar")
-    own.set_defaults(run=_fit)
-    args = parser.parse_args(argv)
-    return args.run(args)
 
 
 if __name__ == "__main__":

@@ -41,12 +41,12 @@ import torch
 from fusion import fuse, opinion_from_evidence
 from manifest import NAME_PATTERN, Manifest, Metrics
 from training.architecture import HeadChoice, Outvoted, choose_heads, unless_outvoted
-from training.baseline import compare, fit_baseline
-from training.calibrate import FusedSplit, calibrate, check_calibration_splits
+from training.baseline import Comparison, compare, fit_baseline
+from training.calibrate import FusedSplit, PostHoc, calibrate, check_calibration_splits
 from training.card import write_card
 from training.crossfit import CrossFitted, out_of_fold, plan_cross_fitting
 from training.data import MultiViewData
-from training.evaluate import measure
+from training.evaluate import Evaluation, measure
 from training.export import check_model_dir, write_model
 from training.heads import EvidentialHeads
 from training.metrics import accuracy
@@ -126,10 +126,7 @@ def fit(
     """
     out = Path(out_dir)
     name = name or out.name
-    _check_name(out, name)
-    _check_target(target_false_positive_rate)
-    if budget is not None and early_stopping is not None:
-        raise ValueError("give a budget or early stopping, not both")
+    _check_arguments(out, name, target_false_positive_rate, budget=budget, early_stopping=early_stopping)
     torch.set_num_threads(1)  # deterministic float summation order, hence the same weights and bytes
     seconds: dict[str, float] = {}
     with _timed(seconds, "scaling"):
@@ -137,98 +134,65 @@ def fit(
         sets = evaluation_sets(data, seed=seed, conflictive=("validation", "test"), in_place=in_place)
     check_calibration_splits(data, sets)
     check_model_dir(out, data=_data_path(data))  # and again where it is replaced, once trained
-    time_limit = None
-    if budget is not None:
-        config = replace(config, epochs=budget.max_epochs(len(sets.train), config))
-        early_stopping, time_limit = budget.early_stopping(len(sets.train), config), budget.seconds
-    candidates = [config.hidden] if hidden is None else [tuple(widths) for widths in hidden]
+    schedule = _Schedule.of(config, early_stopping=early_stopping, budget=budget, train_size=len(sets.train))
     with _timed(seconds, "training"), _subnormals_flushed():
-        trained, choice = _train(
-            sets,
-            data,
-            config=config,
-            candidates=candidates,
-            early_stopping=early_stopping,
-            time_limit=time_limit,
-            progress=progress,
-        )
-    config = replace(config, hidden=candidates[0] if choice is None else choice.chosen.hidden)
+        trained, choice, config = _train(sets, data, schedule=schedule, hidden=hidden, progress=progress)
     with _timed(seconds, "calibration"), _subnormals_flushed():
-        held_out = _HeldOut(sets, num_classes=data.num_classes, config=config, seed=seed, progress=progress)
-        trained, held_out_evidence, outvoted = _unless_outvoted(
+        calibrated = _calibrate(
             trained,
-            held_out,
+            _HeldOut(sets, num_classes=data.num_classes, config=config, seed=seed, progress=progress),
             view_names=data.view_names,
-            beta=outvoted_beta,
-            early_stopping=early_stopping,
-            time_limit=time_limit,
-            progress=progress,
-        )
-        if outvoted is not None and outvoted.kept:
-            config = replace(config, beta=outvoted.beta)
-        split, cross_fitted = held_out_evidence
-        folds = None if cross_fitted is None else cross_fitted.folds
-        post_hoc = calibrate(
-            split, target_false_positive_rate=target_false_positive_rate, folds=folds, seed=seed
+            schedule=schedule,
+            outvoted_beta=outvoted_beta,
+            target_false_positive_rate=target_false_positive_rate,
         )
     with _timed(seconds, "evaluation"):
-        test = _fused(trained.heads, sets.test, sets.conflictive["test"], config=config)
-        baseline = fit_baseline(sets, num_classes=data.num_classes, seed=seed)
-        comparison = compare(test, data.view_names, baseline)
-        evaluation = measure(test)
-        metrics = Metrics(
-            acc_normal=evaluation.acc_normal,
-            acc_conflict=evaluation.acc_conflict,
-            auc=evaluation.auc,
-            acc_all_samples=_accuracy_over_everything(trained.heads, sets, config=config),
-        )
+        evaluated = _evaluate(calibrated.trained.heads, sets, data, config=calibrated.config, seed=seed)
     report = FitReport(
         data=data,
         sets=sets,
-        history=trained.history,
-        test=test,
-        evaluation=evaluation,
-        comparison=comparison,
-        post_hoc=post_hoc,
-        metrics=metrics,
-        config=config,
+        history=calibrated.trained.history,
+        test=evaluated.test,
+        evaluation=evaluated.evaluation,
+        comparison=evaluated.comparison,
+        post_hoc=calibrated.post_hoc,
+        metrics=evaluated.metrics,
+        config=calibrated.config,
         seed=seed,
-        early_stopping=early_stopping,
+        early_stopping=schedule.early_stopping,
         seconds=seconds,
-        time_limit=time_limit,
+        time_limit=schedule.time_limit,
         choice=choice,
-        outvoted=outvoted,
-        cross_fitted=cross_fitted,
+        outvoted=calibrated.outvoted,
+        cross_fitted=calibrated.cross_fitted,
     )
     with _timed(seconds, "export"):
-        manifest = write_model(
-            out,
-            heads=trained.heads,
-            scaler=sets.scaler,
-            parity={v: (raw[v][1], sets.views[v][raw[v][0]]) for v in data.view_names},
-            manifest=lambda views: report.manifest(views, name=name),
-            data=_data_path(data),
-            extras=(lambda directory, written: write_card(directory, report, written)) if card else None,
-        )
+        manifest = _write(out, calibrated.trained.heads, sets, raw, report, name=name, card=card)
     return manifest, report
 
 
 # -- the steps -------------------------------------------------------------------------------------------
 
 
-def _check_name(out: Path, name: str) -> None:
+def _check_arguments(
+    out: Path,
+    name: str,
+    target_false_positive_rate: float,
+    *,
+    budget: Budget | None,
+    early_stopping: EarlyStopping | None,
+) -> None:
     if not re.fullmatch(NAME_PATTERN.strip("^$"), name):
         raise ValueError(
             f"{out}: {name!r} is not a valid model name (letters, digits, '_', '.' and '-', starting with a "
             "letter or digit): it is the model's name in the API"
         )
-
-
-def _check_target(target_false_positive_rate: float) -> None:
     if not 0 < target_false_positive_rate < 1:
         raise ValueError(
             f"the target false-positive rate must lie in (0, 1), got {target_false_positive_rate}"
         )
+    if budget is not None and early_stopping is not None:
+        raise ValueError("give a budget or early stopping, not both")
 
 
 @contextmanager
@@ -250,23 +214,50 @@ def _subnormals_flushed() -> Iterator[None]:
         torch.set_flush_denormal(False)
 
 
+@dataclass(frozen=True)
+class _Schedule:
+    """How long the heads train: ``config.epochs`` at most, ``early_stopping`` on the validation loss, and
+    ``time_limit`` seconds (None: none)."""
+
+    config: TrainConfig
+    early_stopping: EarlyStopping | None
+    time_limit: float | None
+
+    @classmethod
+    def of(
+        cls,
+        config: TrainConfig,
+        *,
+        early_stopping: EarlyStopping | None,
+        budget: Budget | None,
+        train_size: int,
+    ) -> _Schedule:
+        """``config``'s epochs and ``early_stopping`` as given, or for a ``budget`` its epoch cap, early
+        stopping and time limit for a training split of ``train_size`` samples."""
+        if budget is None:
+            return cls(config, early_stopping, None)
+        config = replace(config, epochs=budget.max_epochs(train_size, config))
+        return cls(config, budget.early_stopping(train_size, config), budget.seconds)
+
+
 def _train(
     sets: EvaluationSets,
     data: MultiViewData,
     *,
-    config: TrainConfig,
-    candidates: list[tuple[int, ...]],
-    early_stopping: EarlyStopping | None,
-    time_limit: float | None,
+    schedule: _Schedule,
+    hidden: Sequence[tuple[int, ...]] | None,
     progress: bool | Progress | Callable[[int], Progress] | None,
-) -> tuple[Trained, HeadChoice | None]:
+) -> tuple[Trained, HeadChoice | None, TrainConfig]:
     """The served model: one head per view on the training split, stopped on the validation loss; with
-    several candidate architectures (each with an equal share of the time limit), the one
-    :func:`training.architecture.choose_heads` picks on the validation split."""
-    share = None if time_limit is None else time_limit / len(candidates)
-    return choose_heads(
+    several candidate architectures (``hidden``; each with an equal share of the time limit), the one
+    :func:`training.architecture.choose_heads` picks on the validation split. And the configuration it was
+    trained with."""
+    config = schedule.config
+    candidates = [config.hidden] if hidden is None else [tuple(widths) for widths in hidden]
+    share = None if schedule.time_limit is None else schedule.time_limit / len(candidates)
+    trained, choice = choose_heads(
         lambda widths: _train_heads(
-            sets, data.num_classes, replace(config, hidden=widths), early_stopping, share, progress
+            sets, data.num_classes, replace(config, hidden=widths), schedule.early_stopping, share, progress
         ),
         candidates,
         sets.validation,
@@ -274,6 +265,7 @@ def _train(
         method=config.method,
         lam=config.lam,
     )
+    return trained, choice, replace(config, hidden=candidates[0] if choice is None else choice.chosen.hidden)
 
 
 def _train_heads(
@@ -335,39 +327,110 @@ class _HeldOut:
         return cross_fitted.split, cross_fitted
 
 
-def _unless_outvoted(
+@dataclass(frozen=True)
+class _Calibrated:
+    """The heads kept (those trained, or trained again where outvoted), what they were trained with, and the
+    calibrations fitted on their held-out evidence."""
+
+    trained: Trained
+    config: TrainConfig
+    post_hoc: PostHoc
+    outvoted: Outvoted | None
+    cross_fitted: CrossFitted | None
+
+
+def _calibrate(
     trained: Trained,
     held_out: _HeldOut,
     *,
     view_names: Sequence[str],
-    beta: float | None,
-    early_stopping: EarlyStopping | None,
-    time_limit: float | None,
-    progress: bool | Progress | Callable[[int], Progress] | None,
-) -> tuple[Trained, HeldOutEvidence, Outvoted | None]:
-    """The served heads and their held-out evidence; where that shows the fused model outvoted by its best
-    view, the heads trained again with ``beta`` (and their own held-out evidence) if more accurate there
-    (:func:`training.architecture.unless_outvoted`; None: never)."""
+    schedule: _Schedule,
+    outvoted_beta: float | None,
+    target_false_positive_rate: float,
+) -> _Calibrated:
+    """The flag, the confidence and the prediction sets fitted on the held-out evidence of the heads kept:
+    ``trained``, or where that evidence shows the fused model outvoted by its best view, the heads trained
+    again with ``outvoted_beta`` if more accurate there (:func:`training.architecture.unless_outvoted`;
+    None: never)."""
     config = held_out.config
-    first = trained, held_out(trained, beta=config.beta, time_limit=time_limit)
-    if beta is None:
-        return *first, None
+    first = trained, held_out(trained, beta=config.beta, time_limit=schedule.time_limit)
+    outvoted = None
+    if outvoted_beta is not None:
 
-    def train_again(beta: float) -> tuple[Trained, HeldOutEvidence]:
-        again = _train_heads(
-            held_out.sets,
-            held_out.num_classes,
-            replace(config, beta=beta),
-            early_stopping,
-            time_limit,
-            progress,
+        def train_again(beta: float) -> tuple[Trained, HeldOutEvidence]:
+            again = _train_heads(
+                held_out.sets,
+                held_out.num_classes,
+                replace(config, beta=beta),
+                schedule.early_stopping,
+                schedule.time_limit,
+                held_out.progress,
+            )
+            return again, held_out(again, beta=beta, time_limit=schedule.time_limit)
+
+        first, outvoted = unless_outvoted(
+            first, train_again, lambda pair: pair[1][0], view_names, beta=outvoted_beta
         )
-        return again, held_out(again, beta=beta, time_limit=time_limit)
-
-    (kept, evidence), outvoted = unless_outvoted(
-        first, train_again, lambda pair: pair[1][0], view_names, beta=beta
+        if outvoted is not None and outvoted.kept:
+            config = replace(config, beta=outvoted.beta)
+    kept, (split, cross_fitted) = first
+    post_hoc = calibrate(
+        split,
+        target_false_positive_rate=target_false_positive_rate,
+        folds=None if cross_fitted is None else cross_fitted.folds,
+        seed=held_out.seed,
     )
-    return kept, evidence, outvoted
+    return _Calibrated(kept, config, post_hoc, outvoted, cross_fitted)
+
+
+@dataclass(frozen=True)
+class _Evaluated:
+    """The test split fused once, and what was measured on it."""
+
+    test: FusedSplit
+    evaluation: Evaluation
+    comparison: Comparison
+    metrics: Metrics
+
+
+def _evaluate(
+    heads: EvidentialHeads, sets: EvaluationSets, data: MultiViewData, *, config: TrainConfig, seed: int
+) -> _Evaluated:
+    """The paper's measures on the test split and its conflictive copies, and the comparison with each
+    view's head alone and with a plain model of all views (:mod:`training.baseline`)."""
+    test = _fused(heads, sets.test, sets.conflictive["test"], config=config)
+    comparison = compare(test, data.view_names, fit_baseline(sets, num_classes=data.num_classes, seed=seed))
+    evaluation = measure(test)
+    metrics = Metrics(
+        acc_normal=evaluation.acc_normal,
+        acc_conflict=evaluation.acc_conflict,
+        auc=evaluation.auc,
+        acc_all_samples=_accuracy_over_everything(heads, sets, config=config),
+    )
+    return _Evaluated(test, evaluation, comparison, metrics)
+
+
+def _write(
+    out: Path,
+    heads: EvidentialHeads,
+    sets: EvaluationSets,
+    raw: dict[str, tuple[np.ndarray, np.ndarray]],
+    report: FitReport,
+    *,
+    name: str,
+    card: bool,
+) -> Manifest:
+    """The ONNX graphs (each checked against its head on the ``raw`` rows), the manifest and the card."""
+    data = report.data
+    return write_model(
+        out,
+        heads=heads,
+        scaler=sets.scaler,
+        parity={v: (raw[v][1], sets.views[v][raw[v][0]]) for v in data.view_names},
+        manifest=lambda views: report.manifest(views, name=name),
+        data=_data_path(data),
+        extras=(lambda directory, written: write_card(directory, report, written)) if card else None,
+    )
 
 
 def _fused(
