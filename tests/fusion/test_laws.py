@@ -136,7 +136,9 @@ def test_mask_is_dropping_the_view_in_every_sample(method, op, data):
         alone = fuse(take_views(Opinion(op.belief[i : i + 1], op.uncertainty[i : i + 1]), keep), method)
         np.testing.assert_allclose(masked.belief[i], alone.belief[0], rtol=1e-12, atol=1e-15)
         np.testing.assert_allclose(masked.uncertainty[i], alone.uncertainty[0], rtol=1e-12, atol=1e-15)
-        np.testing.assert_allclose(masked.discount[i, keep], alone.discount[0], rtol=1e-12)
+        # (An agreement 1 - C keeps absolute precision only: near total conflict an ulp of C is a relative
+        # 1e-11 of a discount of 1e-5, whichever order the masked and the alone paths sum in.)
+        np.testing.assert_allclose(masked.discount[i, keep], alone.discount[0], rtol=1e-12, atol=1e-15)
 
 
 @pytest.mark.parametrize("method", METHODS)
