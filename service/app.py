@@ -92,9 +92,9 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         return app.openapi_schema
     example = None
     repository = app.state.dataplane.repository
-    if repository is not None:
-        views = repository.get().signature.views
-        example = {"samples": [{"views": {view.name: [0.0] * view.dim for view in views}}]}
+    default = None if repository is None else repository.get()
+    if default is not None:  # (with several models and none the default, requests name theirs)
+        example = {"samples": [{"views": {view.name: [0.0] * view.dim for view in default.signature.views}}]}
     app.openapi_schema = openapi.build(app, example)
     return app.openapi_schema
 

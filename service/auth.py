@@ -17,7 +17,7 @@ import hmac
 import ipaddress
 from typing import Annotated
 
-from fastapi import Request, Security
+from fastapi import HTTPException, Request, Security
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
@@ -70,14 +70,10 @@ async def check_api_key(request: Request) -> None:
         await require_api_key(request, await _BEARER(request))
 
 
-class ProtectedRoute(APIRoute):
-    """A route behind ``DBF_API_KEY`` (the routers of :data:`service.api.routes.PROTECTED` declare theirs
-    with it). A request for its path with a method it does not take gets 401 without the key, like any
-    other: only with the key a 405, whose ``Allow`` says what the route takes. A route that takes GET
-    answers HEAD too (its GET answer, whose body the server leaves out), as Starlette's routes do and
-    FastAPI's do not; the schema documents the GET alone. (With a method it takes, the key is checked by
-    the router's dependency, or by DirectRoute's handler.)
-    """
+class GetAnswersHead(APIRoute):
+    """A route that takes GET answers HEAD too (its GET answer, whose body the server leaves out), as
+    Starlette's routes do and FastAPI's do not; the schema documents the GET alone. A method it does not
+    take gets 405, whose ``Allow`` says what it does take, HEAD included."""
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
         match, child_scope = super().matches(scope)
@@ -91,12 +87,29 @@ class ProtectedRoute(APIRoute):
             # its own scope, a HEAD's, and leaves the body out.
             await super().handle({**scope, "method": "GET"}, receive, send)
             return
-        if scope["method"] not in self.methods:  # a 405 to be: the key first
-            await check_api_key(Request(scope, receive))
+        if scope["method"] not in self.methods:
+            await self.refuse_method(Request(scope, receive))
         await super().handle(scope, receive, send)
+
+    async def refuse_method(self, request: Request) -> None:
+        """The 405 for a method the route does not take."""
+        allowed = self.methods | ({"HEAD"} if "GET" in self.methods else set())
+        raise HTTPException(405, headers={"Allow": ", ".join(sorted(allowed))})
 
     def _head_of_get(self, scope: Scope) -> bool:
         return scope["method"] == "HEAD" and "GET" in self.methods
+
+
+class ProtectedRoute(GetAnswersHead):
+    """A route behind ``DBF_API_KEY`` (the routers of :data:`service.api.routes.PROTECTED` declare theirs
+    with it). A request for its path with a method it does not take gets 401 without the key, like any
+    other: only with the key a 405. (With a method it takes, the key is checked by the router's
+    dependency, or by DirectRoute's handler.)
+    """
+
+    async def refuse_method(self, request: Request) -> None:
+        await check_api_key(request)
+        await super().refuse_method(request)
 
 
 async def require_local_admin(request: Request) -> None:

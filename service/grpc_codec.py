@@ -162,6 +162,9 @@ def decode(
         typed = tensor.HasField("contents")
         if raw and typed:
             raise InvalidInput(f"{where}: both contents and raw_input_contents; send the tensors one way")
+        parameters = _values(tensor.parameters)
+        if not (raw or typed):
+            v2.refuse_shared_memory(parameters, where, "send its data in the message")
         if tensor.datatype == "FP32":  # another is refused by v2's checks, whatever its data
             if raw:
                 flat[i] = _raw_values(raw[i], f"{where}: raw_input_contents[{i}]")
@@ -169,7 +172,6 @@ def decode(
                 flat[i] = _typed_values(tensor.contents, where)
         else:
             flat[i] = np.empty(0, np.float32)
-        parameters = _values(tensor.parameters)
         # REST's binary extension (kserve's client sends it beside raw contents): no meaning over gRPC,
         # where the contents say how the data comes.
         parameters.pop("binary_data_size", None)

@@ -116,9 +116,9 @@ class InferenceServicer:
         delay = plane.settings.grpc_batch_delay_ms / 1000
         return await plane.serve(grpc_codec, name, version, headers, held, batch_delay=delay)
 
-    def handler(self) -> grpc.GenericRpcHandler:
-        """The service's method handlers, each behind :func:`_answering`, requests and answers as bytes (the
-        messages read by :func:`_typed`, ModelInfer's by :meth:`model_infer`)."""
+    def method_handlers(self) -> dict[str, grpc.RpcMethodHandler]:
+        """The service's method handlers by name, each behind :func:`_answering`, requests and answers as
+        bytes (the messages read by :func:`_typed`, ModelInfer's by :meth:`model_infer`)."""
         unary = grpc.unary_unary_rpc_method_handler
         typed = {
             "ServerLive": (self.server_live, pb.ServerLiveRequest),
@@ -131,7 +131,7 @@ class InferenceServicer:
             name: unary(_answering(_typed(method, request))) for name, (method, request) in typed.items()
         }
         methods["ModelInfer"] = unary(_answering(self.model_infer))
-        return grpc.method_handlers_generic_handler(grpc_codec.SERVICE, methods)
+        return methods
 
 
 def _metadata(context: Any) -> dict[str, str]:
@@ -216,11 +216,42 @@ def _token(metadata: Iterable[tuple[str, str | bytes]]) -> str | None:
     return bearer_token(values[0] if values and isinstance(values[0], str) else None)
 
 
-def _refusal(message: str) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[None]]:
+def _refusal(
+    message: str, code: grpc.StatusCode = grpc.StatusCode.UNAUTHENTICATED
+) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[None]]:
+    """A call's behaviour that reads none of its messages (streaming in: any call's kind) and ends it."""
+
     async def refuse(requests: Any, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        await context.abort(code, message)
 
     return refuse
+
+
+class NotServed(grpc.GenericRpcHandler):
+    """Any method the other handlers do not serve: UNIMPLEMENTED saying what is served, where gRPC would
+    say only "Method not found!" (Triton's clients call its extensions: model configuration, statistics,
+    repository control, shared memory, streaming). Its message is never read. Counted as REST's 404s."""
+
+    def __init__(self, served: Iterable[str]) -> None:
+        self.served = ", ".join(served)
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method = details.method
+        if method in _RELOADS:
+            message = f"{method} is not served: POST /v1/admin/reload (REST) loads the model repository again"
+        else:
+            message = (
+                f"{method} is not served; this service answers {self.served} (the Open Inference "
+                "Protocol), grpc.health.v1 and server reflection: Triton's extensions (model "
+                "configuration, statistics, repository, shared memory, streaming) are not implemented"
+            )
+        metrics.ERRORS.labels(reason="not_found").inc()
+        return grpc.stream_unary_rpc_method_handler(_refusal(message, grpc.StatusCode.UNIMPLEMENTED))
+
+
+_RELOADS = frozenset(
+    f"/{grpc_codec.SERVICE}/{method}" for method in ("RepositoryModelLoad", "RepositoryModelUnload")
+)
 
 
 class GrpcFrontEnd:
@@ -283,11 +314,13 @@ async def start(plane: DataPlane, settings: Settings, version: str) -> GrpcFront
     ]
     key = settings.api_key
     server = grpc.aio.server(options=options, interceptors=() if key is None else (KeyFirst(key),))
-    server.add_generic_rpc_handlers((InferenceServicer(plane, version).handler(),))
+    methods = InferenceServicer(plane, version).method_handlers()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(grpc_codec.SERVICE, methods),))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     services = (grpc_codec.SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME)
     reflection.enable_server_reflection(services, server, pool=_described())
+    server.add_generic_rpc_handlers((NotServed(methods),))  # last: what no other handler serves
     address = f"{_bracketed(settings.host)}:{settings.grpc_port}"
     server.add_insecure_port(address)  # RuntimeError if it cannot bind
     await server.start()

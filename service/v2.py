@@ -119,7 +119,7 @@ def tensors_request(
     method, lam, coverage = _options(request.parameters, signature)
     views, index = signature.views, signature.view_index
     with np.errstate(over="ignore"):  # values beyond float32 become infinity, refused as not finite
-        arrays, absent, n = _arrays(request, flat, binary, signature, max_samples)
+        arrays, absent, n = _arrays(request, flat, binary, signature, max_samples, raw=binary_request)
     if n is None:
         raise InvalidInput(f"no inputs: send at least one of {list(index)}")
     features = {view.name: arrays.get(view.name, np.empty((0, view.dim), np.float32)) for view in views}
@@ -210,6 +210,7 @@ def header_length(text: str | None, body_size: int) -> int | None:
     """``Inference-Header-Content-Length``: None if absent, else a length within the body, or a 400."""
     if text is None:
         return None
+    text = text.strip(" \t")  # a field's value has no surrounding whitespace (RFC 9110 5.5)
     # Leading zeros too count: a header longer than any length we accept is refused as it is.
     length = declared_length(text) if len(text) <= MAX_DIGITS else None
     if length is None or length > body_size:
@@ -222,9 +223,10 @@ def _request(header: bytes) -> InferRequest:
     try:
         request = _DECODER.decode(header)
     except msgspec.DecodeError as error:
-        raise InvalidInput(_constant_in(header) or f"not an inference request: {error}") from None
+        message = _constant_in(header) or f"not an inference request: {error}{_without_header_length(header)}"
+        raise InvalidInput(message) from None
     except (msgspec.ValidationError, UnicodeDecodeError, RecursionError) as error:
-        raise _not_a_request(error) from None
+        raise InvalidInput(f"{_not_a_request(error).message}{_without_header_length(header)}") from None
     from service import json_numbers  # the server's (simdjson); clients never decode requests
 
     # Each member of an object has its colon: a header with as many as the members msgspec kept repeats no
@@ -232,6 +234,17 @@ def _request(header: bytes) -> InferRequest:
     if json_numbers.colons(header) != _members(request):
         _refuse_repeated_keys(header)
     return request
+
+
+def _without_header_length(text: bytes) -> str:
+    """What to add to the error of a body that is not JSON and names binary tensors: they follow a JSON
+    header whose length the request must give (else the whole body is read as JSON)."""
+    if b'"binary_data_size"' not in text:
+        return ""
+    return (
+        "; a body of binary tensors needs the Inference-Header-Content-Length header: the JSON header's "
+        "length in bytes"
+    )
 
 
 def _constant_in(header: bytes) -> str | None:
@@ -397,10 +410,13 @@ def _arrays(
     binary: bytes,
     signature: ModelSignature,
     max_samples: int,
+    *,
+    raw: bool,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], int | None]:
-    """Each input's float32 rows (from binary data, ``flat``'s numbers read by the fast reader, or its JSON
-    ``data``), checked against the model's views, with the rows all NaN left out; which rows those were, by
-    input (only inputs that had any); and N (None: no inputs)."""
+    """Each input's float32 rows (from binary data, ``flat``'s numbers read by the fast reader or from
+    gRPC's contents, or its JSON ``data``), checked against the model's views, with the rows all NaN left
+    out; which rows those were, by input (only inputs that had any); and N (None: no inputs). ``raw``:
+    ``flat``'s numbers were bytes (gRPC's ``raw_input_contents``), whose sizes errors give."""
     views, index = signature.views, signature.view_index
     arrays: dict[str, np.ndarray] = {}
     absent: dict[str, np.ndarray] = {}  # per input with rows all NaN: which rows (the view missing there)
@@ -437,10 +453,16 @@ def _arrays(
             array = np.frombuffer(binary, dtype="<f4", count=rows * dim, offset=offset).reshape(rows, dim)
             offset += size
         elif i in flat:
+            if flat[i].size != rows * dim and raw:
+                raise InvalidInput(
+                    f"{where}: raw_input_contents[{i}] is {flat[i].size * 4} bytes; {tensor.shape} FP32 "
+                    f"takes {rows * dim * 4}"
+                )
             if flat[i].size != rows * dim:
                 raise InvalidInput(_malformed(rows * dim, where))
             array = flat[i].astype(np.float32).reshape(rows, dim)
         elif tensor.data is msgspec.UNSET:
+            refuse_shared_memory(tensor.parameters, where, "send its data in the request")
             raise InvalidInput(f"{where}: no data and no binary_data_size")
         else:
             array = _json_data(tensor.data, rows, dim, where)
@@ -464,6 +486,14 @@ def _without_missing_rows(array: np.ndarray, where: str) -> tuple[np.ndarray, np
             "missing from that sample)"
         )
     return kept, missing
+
+
+def refuse_shared_memory(parameters: dict[str, Any], where: str, instead: str) -> None:
+    """A 400 for a tensor in shared memory (Triton's extension, not served): an output's region ignored
+    would leave its client reading what nothing wrote. (An input that has its data in the request too is
+    read from there: that parameter is ignored, as any that is not ours.)"""
+    if any(key.startswith("shared_memory_") for key in parameters):
+        raise InvalidInput(f"{where}: the shared-memory extension is not supported; {instead}")
 
 
 def _malformed(count: int, where: str) -> str:
@@ -526,6 +556,7 @@ def _outputs(
             raise InvalidInput(f"{where}: asked for twice")
         if "classification" in output.parameters:
             raise InvalidInput(f"{where}: the classification extension is not supported")
+        refuse_shared_memory(output.parameters, where, "leave its region out: it comes back in the answer")
         wanted = output.parameters.get("binary_data", default)
         if type(wanted) is not bool:
             raise InvalidInput(f"{where}: parameters.binary_data must be true or false, got {wanted!r}")

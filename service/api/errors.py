@@ -54,10 +54,20 @@ def answer(path: str, error: Exception) -> Response:
         return error_response(path, 499, "client_disconnected", "client disconnected before sending the body")
     if isinstance(error, HTTPException):
         type_ = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "http_error")
-        return error_response(path, error.status_code, type_, str(error.detail), error.headers)
+        message = _no_route(path) if error.status_code == 404 else str(error.detail)
+        return error_response(path, error.status_code, type_, message, error.headers)
     # A bug, never an input's fault: log it once with its traceback, count it, answer in the one format.
     log.error("unexpected error", exc_info=error)
     return error_response(path, 500, "internal_error", "internal error; see the service log")
+
+
+def _no_route(path: str) -> str:
+    """A 404 of the router's: what is served instead (Triton's clients ask for its extensions' routes)."""
+    shown = path if len(path) <= 100 else f"{path[:100]}..."
+    return (
+        f"no endpoint {shown}: the endpoints are listed at /docs and /openapi.json (Triton's extensions: "
+        "model configuration, statistics, repository, shared memory, are not implemented)"
+    )
 
 
 def install(app: FastAPI) -> None:

@@ -15,7 +15,7 @@ from unittest import mock
 import msgspec
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from service import grpc_codec, inference, json_numbers, schemas, v1, v2
@@ -178,6 +178,17 @@ def test_v2_ignores_fields_and_parameters_that_are_not_ours():
             "binary_data must be true or false",
         ),
         ({"outputs": [{"name": "label", "parameters": {"classification": 2}}]}, "classification extension"),
+        (
+            {
+                "outputs": [
+                    {
+                        "name": "label",
+                        "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 8},
+                    }
+                ]
+            },
+            "outputs[0] (label): the shared-memory extension is not supported; leave its region out",
+        ),
         ({"outputs": [{"name": "label"}, {"name": "label"}]}, "outputs[1] (label): asked for twice"),
         ({"id": 7}, "not an inference request"),
         ({"parameters": {"x": json.loads("[" * 200 + "]" * 200)}}, None),  # deep, but within msgspec's limit
@@ -191,6 +202,30 @@ def test_v2_refuses_what_is_ours_and_wrong(extra, message):
     with pytest.raises(InvalidInput) as refused:
         v2.decode(body, {}, SIGNATURE, max_samples=8)
     assert message in refused.value.message
+
+
+def test_v2_an_input_in_shared_memory_is_refused_saying_so():
+    """Triton's shared-memory extension is not served: an input whose data is a region gets a 400 saying
+    that, not "no data"; one that has its data in the request too is read from there."""
+    tensor = {key: value for key, value in A.items() if key != "data"}
+    region = {"shared_memory_region": "input0", "shared_memory_byte_size": 8}
+    with pytest.raises(InvalidInput) as refused:
+        v2.decode(v2_body([{**tensor, "parameters": region}]), {}, SIGNATURE, max_samples=8)
+    assert refused.value.message == (
+        "inputs[0] (a): the shared-memory extension is not supported; send its data in the request"
+    )
+
+
+def test_v2_binary_tensors_without_their_header_length_say_so():
+    """Without Inference-Header-Content-Length the whole body is read as JSON: its error says what to send."""
+    tensor = {key: value for key, value in A.items() if key != "data"}
+    header = json.dumps({"inputs": [{**tensor, "parameters": {"binary_data_size": 8}}]}).encode()
+    with pytest.raises(InvalidInput) as refused:
+        v2.decode(header + np.array([0.5, 0.25], "<f4").tobytes(), {}, SIGNATURE, max_samples=8)
+    assert "needs the Inference-Header-Content-Length header" in refused.value.message
+    with pytest.raises(InvalidInput) as refused:
+        v2.decode(b'{"inputs": [}', {}, SIGNATURE, max_samples=8)
+    assert "Inference-Header-Content-Length" not in refused.value.message
 
 
 def decode_json(body: bytes, *, fast: bool = True) -> tuple[InferenceRequest, v2.Context]:
@@ -413,15 +448,25 @@ def outcome(call, *args):
         return None, error
 
 
-@given(text=st.text(max_size=30) | st.from_regex(r"[0-9]{19,6000}", fullmatch=True))
+@given(text=st.text(max_size=30) | st.from_regex(r"[ \t]?[0-9]{1,6000}[ \t]?", fullmatch=True))
+@example(text="17 ")
+@example(text="\t17")
 def test_header_lengths_are_parsed_defensively(text):
-    """Any header value: a length within the body, or a clear 400, never another exception."""
+    """Any header value: a length within the body (the digits alone: a field's value has no surrounding
+    whitespace, RFC 9110 5.5, which llhttp leaves after it), or a clear 400, never another exception."""
     length, error = outcome(v2.header_length, text, 100)
     if error is None:
-        assert length is not None and 0 <= length <= 100 and text.isdigit()
+        assert length is not None and 0 <= length <= 100 and text.strip(" \t").isdigit()
+        assert length == int(text.strip(" \t"))
     else:
         assert isinstance(error, InvalidInput) and "does not fit a 100-byte body" in error.message
         assert len(error.message) < 200
+
+
+def test_a_header_length_with_whitespace_around_it_is_its_digits():
+    """llhttp keeps a header's trailing whitespace: ``Content-Length: 109 `` was read as 109, and
+    ``Inference-Header-Content-Length: 109 `` refused."""
+    assert [v2.header_length(text, 200) for text in ("109 ", "109\t", " 109", "109")] == [109] * 4
 
 
 @given(text=st.text(max_size=30) | st.from_regex(r" ?0*[0-9]{1,6000} ?", fullmatch=True))

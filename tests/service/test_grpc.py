@@ -366,35 +366,46 @@ def test_typed_contents_are_answered_typed_and_as_rest(service):
     assert_identical(got, expected)
 
 
+def mor_message(
+    raw: list[bytes] | None = None, *, region: str | None = None, output_region: str | None = None
+) -> bytes:
+    """A ModelInferRequest of one [1, 6] FP32 input, ``mor`` (its data in shared memory ``region``), and
+    ``raw_input_contents``; with ``output_region``, asking for ``label`` in that region."""
+    parameters = {} if region is None else {"shared_memory_region": pb.InferParameter(string_param=region)}
+    tensor = pb.ModelInferRequest.InferInputTensor(
+        name="mor", datatype="FP32", shape=[1, 6], parameters=parameters
+    )
+    request = pb.ModelInferRequest(model_name="handwritten", inputs=[tensor], raw_input_contents=raw or [])
+    if output_region is not None:
+        region_parameter = {"shared_memory_region": pb.InferParameter(string_param=output_region)}
+        request.outputs.add(name="label", parameters=region_parameter)
+    return request.SerializeToString()
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
         (b"\xff\xff\xff", "not a ModelInferRequest message"),
+        (mor_message([b"\0" * 24, b"\0" * 24]), "raw_input_contents has 2 entries for 1 inputs"),
         (
-            pb.ModelInferRequest(
-                model_name="handwritten",
-                inputs=[pb.ModelInferRequest.InferInputTensor(name="mor", datatype="FP32", shape=[1, 6])],
-                raw_input_contents=[b"\0" * 24, b"\0" * 24],
-            ).SerializeToString(),
-            "raw_input_contents has 2 entries for 1 inputs",
-        ),
-        (
-            pb.ModelInferRequest(
-                model_name="handwritten",
-                inputs=[pb.ModelInferRequest.InferInputTensor(name="mor", datatype="FP32", shape=[1, 6])],
-                raw_input_contents=[b"\0" * 23],
-            ).SerializeToString(),
+            mor_message([b"\0" * 23]),
             "inputs[0] (mor): raw_input_contents[0] is 23 bytes, not a whole number of FP32 values",
         ),
+        (mor_message(), "inputs[0] (mor): no fp32_contents and no raw_input_contents"),
         (
-            pb.ModelInferRequest(
-                model_name="handwritten",
-                inputs=[pb.ModelInferRequest.InferInputTensor(name="mor", datatype="FP32", shape=[1, 6])],
-            ).SerializeToString(),
-            "inputs[0] (mor): no fp32_contents and no raw_input_contents",
+            mor_message([b"\0" * 20]),
+            "inputs[0] (mor): raw_input_contents[0] is 20 bytes; [1, 6] FP32 takes 24",
+        ),
+        (
+            mor_message(region="input0"),
+            "inputs[0] (mor): the shared-memory extension is not supported; send its data in the message",
+        ),
+        (
+            mor_message([b"\0" * 24], output_region="output0"),
+            "outputs[0] (label): the shared-memory extension is not supported; leave its region out",
         ),
     ],
-    ids=["not-protobuf", "raw-count", "raw-size", "no-data"],
+    ids=["not-protobuf", "raw-count", "raw-size", "no-data", "raw-bytes", "input-shm", "output-shm"],
 )
 def test_a_malformed_message_is_invalid_argument(service, body, message):
     _, address = service
@@ -402,6 +413,29 @@ def test_a_malformed_message_is_invalid_argument(service, body, message):
         infer_stub(channel, serializer=None)(body, timeout=30)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in refused.value.details()
+
+
+@pytest.mark.parametrize(
+    ("method", "said"),
+    [
+        ("/inference.GRPCInferenceService/RepositoryModelLoad", "POST /v1/admin/reload"),
+        ("/inference.GRPCInferenceService/ModelConfig", "Triton's extensions"),
+        ("/inference.GRPCInferenceService/ModelStreamInfer", "Triton's extensions"),
+        ("/no.Such/Method", "this service answers ServerLive, ServerReady"),
+    ],
+)
+def test_a_method_not_served_is_unimplemented_saying_what_is(service, method, said):
+    """Triton's clients call its extensions (perf_analyzer asks for the model configuration first): gRPC's
+    own answer would be "Method not found!"; a streaming call ends at once, its messages unread."""
+    _, address = service
+    with grpc.insecure_channel(address) as channel:
+        with pytest.raises(grpc.RpcError) as unary:
+            channel.unary_unary(method)(b"\x0a\x01x", timeout=10)
+        with pytest.raises(grpc.RpcError) as streaming:
+            list(channel.stream_stream(method)(iter([b"", b""]), timeout=10))
+    for refused in (unary.value, streaming.value):
+        assert refused.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert method in refused.details() and said in refused.details()
 
 
 def test_a_malformed_metadata_request_is_invalid_argument(service):

@@ -111,6 +111,29 @@ def test_the_key_is_checked_before_the_method():
             assert (answer.status_code, answer.headers["allow"]) == (405, "POST"), path
 
 
+def test_a_method_not_taken_is_a_405_allowing_head_where_get_is():
+    """The 405's Allow lists what the route takes (RFC 9110 10.2.1): a route that takes GET answers HEAD
+    too, which Allow left out, on the probes and the protected routes alike."""
+    gets = ("/health", "/ready", "/metrics", "/v2", "/v2/health/live", "/v1/models", "/v2/models/handwritten")
+    with serving(Path(HANDWRITTEN)) as url:
+        for path in gets:
+            for method in ("OPTIONS", "DELETE", "POST"):
+                answer = httpx.request(method, url + path)
+                assert (answer.status_code, answer.headers["allow"]) == (405, "GET, HEAD"), (method, path)
+            assert httpx.head(url + path).status_code == 200, path
+
+
+def test_a_path_not_served_is_a_404_saying_where_the_endpoints_are():
+    """tritonclient's get_model_config asks for Triton's /config: "Not Found" alone said nothing of why."""
+    with serving(Path(HANDWRITTEN)) as url:
+        for path in ("/v2/models/handwritten/config", "/v2/repository/index", "/nothing"):
+            answer = httpx.get(url + path)
+            assert answer.status_code == 404, path
+            error = answer.json()["error"]
+            message = error if path.startswith("/v2") else error["message"]
+            assert message.startswith(f"no endpoint {path}: the endpoints are listed at /docs"), message
+
+
 @pytest.mark.parametrize("key", ["s3cret-token\n", " s3cret-token\r\n"], ids=["newline", "spaces"])
 def test_a_key_read_with_a_trailing_newline_is_the_key(key):
     """Issue 29: a key from a Kubernetes secret made with ``echo`` ends in a line break, which no client

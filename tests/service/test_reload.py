@@ -76,6 +76,16 @@ def test_the_default_model_never_changes_with_a_reload(tmp_path):
         assert httpx.post(url + "/v1/models/pie/predict", json=PIE).status_code == 200
 
 
+def test_the_schema_is_served_where_no_model_is_the_default(tmp_path):
+    """With several models and none of them DBF_DEFAULT_MODEL, /openapi.json (and so /docs) answered 500:
+    its example request was the default model's. Now the example is left out."""
+    with serving(repository(tmp_path, "pie", "cub")) as url:
+        schema = httpx.get(url + "/openapi.json")
+        assert schema.status_code == 200, schema.text
+        assert "example" not in schema.json()["components"]["schemas"]["PredictRequest"]
+        assert httpx.get(url + "/docs").status_code == 200
+
+
 def test_requests_during_reloads_all_succeed(tmp_path):
     """Reloading while requests run: every request is answered in full by one model or the other."""
     root = repository(tmp_path, "handwritten")

@@ -3,43 +3,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from service import metrics
 from service.api.openapi import documented, ok
+from service.auth import GetAnswersHead
 from service.dataplane import DataPlane
 
-router = APIRouter(tags=["probes"])
-open_inference = APIRouter(prefix="/v2", tags=["open inference protocol (v2)"])
-
-
-def probe(on: APIRouter, path: str, **options: Any) -> Callable[[Callable], Callable]:
-    """``GET path``, documented, and ``HEAD path`` (the same answer without its body) for probes that only
-    look at the status."""
-
-    def register(endpoint: Callable) -> Callable:
-        on.get(path, **options)(endpoint)
-        on.head(path, include_in_schema=False, **options)(endpoint)
-        return endpoint
-
-    return register
+router = APIRouter(tags=["probes"], route_class=GetAnswersHead)
+open_inference = APIRouter(prefix="/v2", tags=["open inference protocol (v2)"], route_class=GetAnswersHead)
 
 
 # The probes are coroutines: answered on the event loop, with no hop to a worker thread, whose GIL handoffs
 # behind busy codec and inference threads cost tens of milliseconds (a sync route runs in the thread pool).
-@probe(router, "/health", **documented(ok("Health")))
+@router.get("/health", **documented(ok("Health")))
 async def health() -> dict[str, str]:
     """Liveness: the process answers (inference runs off the event loop, so this stays fast under load)."""
     return {"status": "ok"}
 
 
-@probe(
-    router,
+@router.get(
     "/ready",
     **documented(ok("Readiness"), unavailable=ok("Readiness", "models not loaded, or failed verification")),
 )
@@ -51,8 +36,7 @@ async def ready(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ready", "models": sorted(plane.repository.models)})
 
 
-@probe(
-    router,
+@router.get(
     "/metrics",
     response_class=Response,
     **documented({"description": "Prometheus exposition format", "content": {"text/plain": {}}}),
@@ -62,19 +46,18 @@ def prometheus_metrics() -> Response:
     return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
-@probe(open_inference, "", **documented(ok("ServerMetadata")))
+@open_inference.get("", **documented(ok("ServerMetadata")))
 def server_metadata(request: Request) -> dict[str, object]:
     """Server metadata (Open Inference Protocol)."""
     return {"name": "dbf-serve", "version": request.app.version, "extensions": ["binary_tensor_data"]}
 
 
-@probe(open_inference, "/health/live", **documented(ok("ServerLiveness")))
+@open_inference.get("/health/live", **documented(ok("ServerLiveness")))
 async def server_live() -> dict[str, bool]:
     return {"live": True}
 
 
-@probe(
-    open_inference,
+@open_inference.get(
     "/health/ready",
     **documented(ok("ServerReadiness"), unavailable=ok("ServerReadiness", "models not loaded")),
 )
