@@ -25,6 +25,10 @@ SCHEMA_VERSION = 2
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 """What a model's or a view's name may be: it travels in URLs and JSON keys."""
 
+MAX_VIEW_DIM = 65536
+"""The widest view the service serves unless ``DBF_MAX_VIEW_DIM`` says otherwise (a request that leaves a
+view out has it sent to its head as zeros: samples x dim of them); ``fit`` refuses wider ones alike."""
+
 
 class _Strict(BaseModel):
     # Every number finite: an Infinity or NaN (JSON has neither, but parsers take them) loads, then breaks

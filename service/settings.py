@@ -9,6 +9,8 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from manifest import MAX_VIEW_DIM
+
 
 class Settings(BaseSettings):
     """Every field can be set as ``DBF_<NAME>`` (e.g. ``DBF_PORT=9000``, ``DBF_REQUIRE_GPU=true``)."""
@@ -61,7 +63,7 @@ class Settings(BaseSettings):
     # The largest view a model may declare: a request that leaves a view out has it sent as zeros, up to
     # DBF_MAX_SAMPLES x this many float32 per view (256 MiB at the defaults).
     max_view_dim: int = Field(
-        default=65536, ge=1, description="a manifest's largest view dim; more refuses it"
+        default=MAX_VIEW_DIM, ge=1, description="a manifest's largest view dim; more refuses it"
     )
     max_in_flight: int = Field(default=64, ge=1, description="concurrent predict requests; more is a 503")
     retry_after_seconds: int = Field(default=1, ge=0, description="Retry-After of a load-shedding 503")

@@ -82,15 +82,32 @@ class Comparison:
     views: dict[str, Rate]  # on the test samples that have the view
     baseline: Baseline
     commonest: dict[str, float]  # per view: the share of the commonest class among the samples that have it
+    classes: dict[str, Rate]  # per class: how often the fused model is right on its test samples (recall)
 
     @property
     def best_view(self) -> str:
-        """The view whose head alone is right most often."""
-        return max(self.views, key=lambda view: self.views[view].value)
+        """The view whose head alone is right most often, among those with test samples (the first view
+        where none has any)."""
+        tested = [view for view in self.views if self.views[view].total] or list(self.views)
+        return max(tested, key=lambda view: np.nan_to_num(self.views[view].value, nan=-1.0))
+
+    @property
+    def commonest_share(self) -> float:
+        """The share of the commonest class among all test samples: always answering it is right so often."""
+        largest = max((rate.total for rate in self.classes.values()), default=0)
+        return largest / max(self.fused.total, 1)
 
     def warnings(self) -> list[str]:
         """Where the fused model falls short of a simpler one, with what to try."""
         fused, best, notes = self.fused.value, self.views[self.best_view].value, []
+        low, high = self.fused.interval
+        if self.fused.total and low <= self.commonest_share:
+            notes.append(
+                f"the fused model is right on {fused:.1%} [{low:.1%}, {high:.1%}] of test samples, no better "
+                f"than always answering the commonest class ({self.commonest_share:.1%}): check "
+                "`--views`, the labels, and that each class has enough samples"
+            )
+        notes += self._neglected_classes()
         if fused < best - BEST_VIEW_MARGIN:
             notes.append(
                 f"the fused model is right on {fused:.1%} of test samples, below its best view alone "
@@ -116,17 +133,45 @@ class Comparison:
                 )
         return notes
 
+    def _neglected_classes(self) -> list[str]:
+        """The classes the fused model gets right far less often than the others, beyond chance: on
+        imbalanced data a model can answer the commonest classes alone, and its accuracy hide it."""
+        overall = self.fused.interval[0]
+        neglected = [
+            (name, rate) for name, rate in self.classes.items() if rate.total and rate.interval[1] < overall
+        ]
+        if not neglected:
+            return []
+        shown = "; ".join(
+            f"`{name}` {rate.value:.1%} [{rate.interval[0]:.1%}, {rate.interval[1]:.1%}] of {rate.total}"
+            for name, rate in neglected[:_NEGLECTED_SHOWN]
+        )
+        more = f" and {len(neglected) - _NEGLECTED_SHOWN} more" if len(neglected) > _NEGLECTED_SHOWN else ""
+        return [
+            f"the fused model is right on {self.fused.value:.1%} of test samples, but far less often on "
+            f"{len(neglected)} of the {len(self.classes)} classes ({shown}{more}): it favours the commonest "
+            "classes; more samples of these, or `--hidden` for heads that fit more, may help"
+        ]
 
-def compare(test: FusedSplit, view_names: Sequence[str], baseline: Baseline) -> Comparison:
+
+_NEGLECTED_SHOWN = 5
+
+
+def compare(
+    test: FusedSplit, view_names: Sequence[str], baseline: Baseline, *, class_names: Sequence[str]
+) -> Comparison:
     """The fused model and each of its views' heads alone on the test split ``test`` (fused by
-    :meth:`FusedSplit.of_evidence`, which keeps the views' opinions), against ``baseline``."""
+    :meth:`FusedSplit.of_evidence`, which keeps the views' opinions), against ``baseline``; and how often
+    the fused model is right on each class."""
     fused, views = accuracies(test, view_names)
     present = np.ones((test.labels.size, len(view_names)), bool) if test.present is None else test.present
     commonest = {
         name: float(np.bincount(test.labels[present[:, v]], minlength=1).max() / max(present[:, v].sum(), 1))
         for v, name in enumerate(view_names)
     }
-    return Comparison(fused=fused, views=views, baseline=baseline, commonest=commonest)
+    right = np.argmax(projected_probability(test.clean), axis=-1) == test.labels
+    classes = {name: Rate.of(right[test.labels == c]) for c, name in enumerate(class_names)}
+    return Comparison(fused=fused, views=views, baseline=baseline, commonest=commonest, classes=classes)
 
 
 def accuracies(split: FusedSplit, view_names: Sequence[str]) -> tuple[Rate, dict[str, Rate]]:

@@ -496,13 +496,14 @@ class PostHoc:
                 "does not carry over to new data. Seen where a view carries nothing (a constant one: leave "
                 "it out with --views) and where a view is missing for some classes only; else fit more data"
             )
-        if conflictive.value < BLIND_FLAG_LIFT * clean.value:
+        catches_none = conflictive.total > 0 and conflictive.count == 0
+        if conflictive.value < BLIND_FLAG_LIFT * clean.value or catches_none:
             notes.append(
                 f"the flag hardly tells conflictive test samples from clean ones: it raised "
                 f"{conflictive.value:.1%} of conflictive and {clean.value:.1%} of clean ones (less than "
-                f"{BLIND_FLAG_LIFT:g} times): do not route samples on it alone, and its alerts cannot see a "
-                "modality that fails within its training range. Seen where the views each classify weakly "
-                "and seldom disagree with confidence"
+                f"{BLIND_FLAG_LIFT:g} times, or none): do not route samples on it alone, and its alerts "
+                "cannot see a modality that fails within its training range. Seen where the views each "
+                "classify weakly and seldom disagree with confidence"
             )
         return notes
 

@@ -8,6 +8,7 @@ coverage with the range a correct method lands in.
 
 from __future__ import annotations
 
+import html
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -106,7 +107,28 @@ def warnings(report: FitReport, manifest: Manifest) -> Section | None:
     """What to know before serving the model (:attr:`FitReport.warnings`); no section when all is well."""
     if not report.warnings:
         return None
-    return Section("Warnings", "\n".join(f"- {warning}" for warning in report.warnings))
+    return Section("Warnings", "\n".join(f"- {_one_line(warning)}" for warning in report.warnings))
+
+
+_MARKDOWN_SPECIAL = str.maketrans({c: f"\\{c}" for c in "\\`*_[]|#"})
+
+
+def markdown_text(text: str) -> str:
+    """``text`` (a class name: whatever the data held) as it reads in Markdown prose or a table cell:
+    control characters as Python writes them (a line break would end the row or start a heading), the
+    characters Markdown and HTML read escaped (a name could carry a table's bar, or a tag a renderer runs).
+
+    >>> print(markdown_text("a|b"), markdown_text("x\\n# y"), markdown_text("<img src=x>"))
+    a\\|b x\\\\n\\# y &lt;img src=x&gt;
+    """
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return html.escape(shown.translate(_MARKDOWN_SPECIAL), quote=False)
+
+
+def _one_line(text: str) -> str:
+    """A warning as one list item: its line breaks as spaces, and no HTML a renderer would run (a class
+    name in it is the data's)."""
+    return html.escape(" ".join(text.splitlines()), quote=False)
 
 
 def data_summary(report: FitReport, manifest: Manifest) -> Section:
@@ -119,7 +141,8 @@ def data_summary(report: FitReport, manifest: Manifest) -> Section:
     ]
     views = "| view | features | samples with it | missing |\n|---|---|---|---|\n" + "\n".join(rows)
     classes = "| class | samples |\n|---|---|\n" + "\n".join(
-        f"| {name} | {int(count)} |" for name, count in zip(data.class_names, counts, strict=True)
+        f"| {markdown_text(name)} | {int(count)} |"
+        for name, count in zip(data.class_names, counts, strict=True)
     )
     split = "as the data's split column says" if data.split is not None else "stratified (70/10/20%)"
     text = (
@@ -183,16 +206,31 @@ def conflict_detection(report: FitReport, manifest: Manifest) -> Section:
 
 
 def _over_covered(measured: CalibrationReport, bands: dict[float, tuple[float, float]]) -> str:
-    """Why coverage lies above its range, where it does and the sets never leave out the predicted class."""
+    """Why coverage lies above its range, where it does: sets that never leave out the predicted class
+    cover at least as often as the model is right, which may lie above the range; else the sets are larger
+    than the test samples needed."""
     above = [c for c in sorted(measured.clean) if measured.clean[c].coverage > bands[c][1]]
-    if not above or any(measured.clean[c].empty > 0 for c in above):
-        return ""
-    return (
-        f"\nAt {', '.join(f'{c:g}' for c in above)} the sets cover more than the range: they always hold "
-        "the predicted class (none is empty), so they hold the true class at least as often as the model is "
-        f"right ({_percent(measured.accuracy)} here), whatever coverage is asked. That is the price of never "
-        "answering an empty set, not a fault of the calibration.\n"
-    )
+    never_empty = not any(measured.clean[c].empty > 0 for c in above)
+    floor = [c for c in above if never_empty and measured.accuracy > bands[c][1]]
+    larger = [c for c in above if c not in floor]
+    text = ""
+    if floor:
+        text += (
+            f"\nAt {', '.join(f'{c:g}' for c in floor)} the sets cover more than the range: they always hold "
+            "the predicted class (none is empty), so they hold the true class at least as often as the model "
+            f"is right ({_percent(measured.accuracy)} here, above the range), whatever coverage is asked. "
+            "That is the price of never answering an empty set, not a fault of the calibration.\n"
+        )
+    if larger:
+        sizes = ", ".join(f"{measured.clean[c].mean_set_size:.2f} at {c:g}" for c in larger)
+        text += (
+            f"\nAt {', '.join(f'{c:g}' for c in larger)} the sets cover more than the range (mean size "
+            f"{sizes}), more than the model's accuracy ({_percent(measured.accuracy)}) explains: the "
+            "calibration samples called for larger sets than the test samples needed. The coverage asked "
+            "for holds; the sets are less informative than they could be. Few calibration samples per "
+            "class, or calibration samples unlike the test ones, do this; more data is the remedy.\n"
+        )
+    return text
 
 
 def _under_covered_classes(report: FitReport, manifest: Manifest) -> str:
@@ -201,7 +239,7 @@ def _under_covered_classes(report: FitReport, manifest: Manifest) -> str:
     coverage = manifest.calibration.conformal.default_coverage
     rates = class_coverage(manifest.calibration, report.test, coverage=coverage)
     short = [
-        f"{name} ({_percent(rate.value)} of {rate.total} [{100 * rate.interval[0]:.1f}, "
+        f"{markdown_text(name)} ({_percent(rate.value)} of {rate.total} [{100 * rate.interval[0]:.1f}, "
         f"{100 * rate.interval[1]:.1f}])"
         for name, rate in zip(manifest.classes, rates, strict=True)
         if rate.total and rate.interval[1] < coverage
@@ -427,7 +465,10 @@ def _measured(candidate: Candidate) -> str:
 
 
 def _percent(value: float) -> str:
-    return "n/a" if np.isnan(value) else f"{100 * value:.1f}%"
+    """``4.3%``; a rate under 0.1% with two significant digits (a target of 0.01% is not 0.0%)."""
+    if np.isnan(value):
+        return "n/a"
+    return f"{100 * value:.2g}%" if 0 < value < 0.001 else f"{100 * value:.1f}%"
 
 
 def _rate(rate: Rate) -> str:

@@ -45,10 +45,10 @@ from training.baseline import Comparison, compare, fit_baseline
 from training.calibrate import FusedSplit, PostHoc, calibrate, check_calibration_splits
 from training.card import write_card
 from training.crossfit import CrossFitted, out_of_fold, plan_cross_fitting
-from training.data import MultiViewData
+from training.data import DataError, MultiViewData
 from training.evaluate import Evaluation, measure
 from training.export import check_model_dir, write_model
-from training.heads import EvidentialHeads
+from training.heads import EvidentialHeads, head_weights
 from training.metrics import accuracy
 from training.progress import Progress, ProgressBar, ProgressLines, progress_for
 from training.protocol import EvaluationSets, Samples, evaluation_sets
@@ -127,6 +127,7 @@ def fit(
     out = Path(out_dir)
     name = name or out.name
     _check_arguments(out, name, target_false_positive_rate, budget=budget, early_stopping=early_stopping)
+    _check_heads(data, [config.hidden] if hidden is None else [tuple(widths) for widths in hidden])
     torch.set_num_threads(1)  # deterministic float summation order, hence the same weights and bytes
     seconds: dict[str, float] = {}
     with _timed(seconds, "scaling"):
@@ -193,6 +194,38 @@ def _check_arguments(
         )
     if budget is not None and early_stopping is not None:
         raise ValueError("give a budget or early stopping, not both")
+
+
+ONNX_FILE_BYTES = 2**31
+"""What one ONNX file holds at most (protobuf's limit): each head is one file."""
+
+TRAINING_BYTES_PER_WEIGHT = 16
+"""A weight's bytes while training: itself, its gradient and Adam's two moments, float32 each."""
+
+
+def _check_heads(data: MultiViewData, candidates: Sequence[tuple[int, ...]]) -> None:
+    """Refuse, before training, heads that could not be exported (one over an ONNX file's limit) or
+    trained here (all of them over half this machine's memory): found out after the training, or as numpy's
+    MemoryError, they cost the whole run."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not POSIX: torch's allocation decides
+        memory = None
+    for hidden in candidates:
+        weights = [head_weights(dim, data.num_classes, hidden=hidden) for dim in data.view_dims]
+        shape = ",".join(map(str, hidden)) or "linear"
+        if max(weights) * 4 > ONNX_FILE_BYTES:
+            raise DataError(
+                f"heads of hidden layers {shape}: {max(weights):,} weights in one head, over the 2 GiB an "
+                "ONNX file holds; use narrower layers (--hidden)"
+            )
+        needed = sum(weights) * TRAINING_BYTES_PER_WEIGHT
+        if memory is not None and needed > memory / 2:
+            raise DataError(
+                f"heads of hidden layers {shape}: {sum(weights):,} weights, {needed / 2**30:,.1f} GiB while "
+                f"training, over half this machine's {memory / 2**30:,.1f} GiB; use narrower layers "
+                "(--hidden)"
+            )
 
 
 @contextmanager
@@ -399,7 +432,8 @@ def _evaluate(
     """The paper's measures on the test split and its conflictive copies, and the comparison with each
     view's head alone and with a plain model of all views (:mod:`training.baseline`)."""
     test = _fused(heads, sets.test, sets.conflictive["test"], config=config)
-    comparison = compare(test, data.view_names, fit_baseline(sets, num_classes=data.num_classes, seed=seed))
+    baseline = fit_baseline(sets, num_classes=data.num_classes, seed=seed)
+    comparison = compare(test, data.view_names, baseline, class_names=data.class_names)
     evaluation = measure(test)
     metrics = Metrics(
         acc_normal=evaluation.acc_normal,

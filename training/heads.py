@@ -6,6 +6,7 @@ public code uses one linear layer per view. ``hidden`` chooses: ``()`` is the si
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Literal
@@ -35,6 +36,16 @@ def capped_exp(x: torch.Tensor) -> torch.Tensor:
 def evidence_activation(logits: torch.Tensor, activation: Activation) -> torch.Tensor:
     """Non-negative evidence from a head's last linear layer: the capped exponential or softplus."""
     return capped_exp(logits) if activation == "exp" else nn.functional.softplus(logits)
+
+
+def head_weights(in_features: int, num_classes: int, *, hidden: Sequence[int] = ()) -> int:
+    """How many weights (biases included) a :class:`ViewHead` of these sizes has.
+
+    >>> head_weights(240, 10), head_weights(240, 10, hidden=(64,))
+    (2410, 16074)
+    """
+    widths = [in_features, *hidden, num_classes]
+    return sum((fan_in + 1) * fan_out for fan_in, fan_out in itertools.pairwise(widths))
 
 
 class ViewHead(nn.Module):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import unicodedata
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -39,7 +40,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from manifest import NAME_PATTERN
+from manifest import MAX_VIEW_DIM, NAME_PATTERN
 from training.data import SPLIT_NAMES, DataError, MultiViewData
 from training.download import DOWNLOAD_COMMAND
 from training.registry import DATASETS, DatasetSpec, dataset_spec
@@ -62,6 +63,51 @@ _CHUNK_BYTES = 1 << 22
 
 def _chunk_rows(width: int) -> int:
     return max(1, _CHUNK_BYTES // (4 * max(width, 1)))
+
+
+def served_view_dim() -> int:
+    """The widest view the service will serve: ``DBF_MAX_VIEW_DIM`` where set (the service's own setting),
+    else its default (:data:`manifest.MAX_VIEW_DIM`)."""
+    text = os.environ.get("DBF_MAX_VIEW_DIM", "").strip()
+    if not text:
+        return MAX_VIEW_DIM
+    if not text.isdigit() or int(text) < 1:
+        raise DataError(f"DBF_MAX_VIEW_DIM={text!r} is not a positive whole number of features")
+    return int(text)
+
+
+def _check_width(width: int, *, where: str) -> None:
+    """A view wider than the service serves: refused before its matrix is made (a model of it would be
+    refused at load, and one wide row could make the matrix of every row that wide)."""
+    widest = served_view_dim()
+    if width > widest:
+        raise DataError(
+            f"{where}: {width:,} features per sample; the service serves views of at most {widest:,} "
+            "(DBF_MAX_VIEW_DIM, for fit as for the service): reduce the view (e.g. an embedding or PCA), or "
+            "raise DBF_MAX_VIEW_DIM for both"
+        )
+
+
+def _dense(rows: int, width: int, *, where: str) -> np.ndarray:
+    """An uninitialised float32 ``(rows, width)`` matrix, or a :class:`DataError` where this machine cannot
+    hold it (rather than numpy's MemoryError, or pages the kernel kills the process for once written)."""
+    needed = rows * width * 4
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not POSIX: numpy's allocation decides
+        memory = None
+    if memory is not None and needed > memory:
+        raise DataError(
+            f"{where}: {rows:,} samples of {width:,} features make {needed / 2**30:,.1f} GiB as float32, "
+            f"more than this machine's {memory / 2**30:,.1f} GiB"
+        )
+    try:
+        return np.empty((rows, width), dtype=np.float32)
+    except MemoryError:
+        raise DataError(
+            f"{where}: {rows:,} samples of {width:,} features make {needed / 2**30:,.1f} GiB as float32, "
+            "more than this machine can allocate"
+        ) from None
 
 
 _SPLIT_ALIASES = {
@@ -143,6 +189,8 @@ def load(
     if not path.exists():
         known = ", ".join(DATASETS)
         raise FileNotFoundError(f"{path}: no such file or directory, nor a benchmark dataset ({known})")
+    if views is not None and not views:
+        raise DataError(f"--views names no view (it takes comma-separated view names of {path})")
     common = {"views": views, "classes": classes, "split_column": split_column}
     if path.is_dir():
         return read_npy_directory(path, label_column=label_column or "labels", **common)
@@ -421,6 +469,10 @@ def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray
     width = kind.list_size if fixed else (None if is_list else 1)
     if width == 0:
         raise DataError(f"{where}: width 0 (every sample needs at least one feature)")
+    if num_rows == 0:
+        raise DataError(f"{where}: no rows (the file has no samples)")
+    if width is not None:
+        _check_width(width, where=where)
     out: np.ndarray | None = None
     rounding = None if np.can_cast(item.to_pandas_dtype(), np.float32) else _Rounding()
     start = 0
@@ -437,6 +489,7 @@ def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray
                 lengths = np.diff(array.offsets.to_numpy())[valid]
                 if width is None and lengths.size:
                     width = int(lengths[0])
+                    _check_width(width, where=f"{where} row {start + int(np.flatnonzero(valid)[0])}")
                 wrong = np.flatnonzero(lengths != width) if lengths.size else lengths
                 if wrong.size or width == 0:
                     at = int(wrong[0]) if wrong.size else 0
@@ -448,7 +501,7 @@ def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray
                     )
             values = values.reshape(-1, width) if width else values.reshape(0, 0)
         if out is None and width is not None:
-            out = np.empty((num_rows, width), dtype=np.float32)
+            out = _dense(num_rows, width, where=where)
             out[:start] = np.nan  # rows before the first non-null one: all missing
         if out is not None:
             block = out[start : start + n]
@@ -615,11 +668,14 @@ def features(values: np.ndarray, *, where: str) -> np.ndarray:
     n, d = values.shape
     if d == 0:
         raise DataError(f"{where}: width 0 (every sample needs at least one feature)")
+    if n == 0:
+        raise DataError(f"{where}: no rows (a view needs its samples)")
+    _check_width(d, where=where)
     in_memory = isinstance(values, np.ndarray) and not isinstance(values, np.memmap)
     if in_memory and values.dtype == np.float32 and values.flags.c_contiguous:
         out = values
     else:
-        out = np.empty((n, d), dtype=np.float32)
+        out = _dense(n, d, where=where)
     # float16, and integers of up to 16 bits, are float32 numbers already.
     rounding = None if np.can_cast(values.dtype, np.float32) else _Rounding()
     step = _chunk_rows(d)
@@ -890,6 +946,7 @@ def _class_labels(labels: Column, classes: Sequence[str] | None) -> tuple[np.nda
         if classes is None:
             unique, codes = np.unique(values, return_inverse=True)
             classes = tuple(unique.tolist())
+            _check_written_once(classes, values, where=labels.where)
         else:
             index = {name: k for k, name in enumerate(classes)}
             codes = np.empty(values.size, dtype=np.int64)
@@ -904,6 +961,23 @@ def _class_labels(labels: Column, classes: Sequence[str] | None) -> tuple[np.nda
         only = classes[int(codes[0])] if codes.size else "none"
         raise DataError(f"{labels.where}: a single class ({only!r}); a classifier needs two or more")
     return np.asarray(codes, dtype=np.int64).reshape(-1), tuple(classes)
+
+
+def _check_written_once(classes: Sequence[str], values: np.ndarray, *, where: str) -> None:
+    """A :class:`DataError` for two labels that differ only in surrounding whitespace or in Unicode form
+    (``café`` composed and decomposed print alike): one class written two ways would be split in two."""
+    seen: dict[str, str] = {}
+    for name in classes:
+        key = unicodedata.normalize("NFC", name).strip()
+        if key in seen:
+            first = seen[key]
+            rows = [int(np.argmax(values == label)) for label in (first, name)]
+            raise DataError(
+                f"{where} rows {rows[0]} and {rows[1]}: labels {first!a} and {name!a} differ only in "
+                "surrounding whitespace or Unicode form, and would be two classes; write each class one "
+                "way (strip the labels, and normalise them to NFC)"
+            )
+        seen[key] = name
 
 
 def _typed(labels: Column) -> np.ndarray:

@@ -78,9 +78,21 @@ class FitReport:
     def warnings(self) -> list[str]:
         """What the user should know before serving the model: where it falls short of a simpler one, and
         what the data cannot support."""
-        cut_short = [] if self.cross_fitted is None else self.cross_fitted.warnings()
+        folds = [] if self.cross_fitted is None else self.cross_fitted.warnings()
         flag = self.post_hoc.flag_warnings(self.test)
-        return self.comparison.warnings() + self.post_hoc.warnings() + flag + self._copies() + cut_short
+        fused = self.comparison.warnings()
+        return self._still_improving() + fused + self.post_hoc.warnings() + flag + self._copies() + folds
+
+    def _still_improving(self) -> list[str]:
+        """A run that the epoch cap or the time limit ended while its validation loss still improved."""
+        history = self.history
+        if not history.still_improving:
+            return []
+        limit, option = ("time limit", "--max-minutes") if history.timed_out else ("epoch cap", "--epochs")
+        return [
+            f"the {limit} ended training after {history.epochs} epochs while the validation loss was still "
+            f"improving (best epoch {history.best_epoch}): the model may be underfitted; raise `{option}`"
+        ]
 
     def _copies(self) -> list[str]:
         """Test samples that are copies of samples the model was fitted on: figures that flatter it."""
