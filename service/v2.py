@@ -460,7 +460,7 @@ def _arrays(
                 )
             if flat[i].size != rows * dim:
                 raise InvalidInput(_malformed(rows * dim, where))
-            array = flat[i].astype(np.float32).reshape(rows, dim)
+            array = flat[i].astype(np.float32, copy=False).reshape(rows, dim)  # float64 read from JSON
         elif tensor.data is msgspec.UNSET:
             refuse_shared_memory(tensor.parameters, where, "send its data in the request")
             raise InvalidInput(f"{where}: no data and no binary_data_size")
