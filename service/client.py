@@ -14,8 +14,12 @@ tensors, the Open Inference Protocol's clients (tritonclient, kserve) or :mod:`s
 
 from __future__ import annotations
 
+import asyncio
+import math
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import msgspec
@@ -33,27 +37,67 @@ __all__ = ["AsyncClient", "Client", "DBFError", "Prediction", "PredictResult", "
 
 _RESULT = msgspec.json.Decoder(PredictResponse)
 _ERROR = msgspec.json.Decoder(ErrorBody)
+_JSON = {"content-type": "application/json"}
+# The longest wait a Retry-After may ask for before a retry: a longer one is the caller's to decide.
+_LONGEST_WAIT = 30.0
 
 
 class DBFError(Exception):
-    """An error answer of the service: ``status`` (HTTP), ``type`` and ``message`` from its error body."""
+    """An error answer of the service.
 
-    def __init__(self, status: int, type_: str, message: str) -> None:
+    Attributes
+    ----------
+    status : int
+        The HTTP status (400 bad input, 401 no or a wrong key, 404 no such model, 413 too large, 503
+        overloaded or not ready...).
+    type : str
+        The error body's reason (``invalid_input``, ``model_not_found``, ``overloaded``...).
+    message : str
+        What was wrong, naming the sample and view where one is at fault.
+    retry_after : float or None
+        Seconds the service asked to wait before trying again (a 503's ``Retry-After``), if it did.
+    """
+
+    def __init__(self, status: int, type_: str, message: str, retry_after: float | None = None) -> None:
         super().__init__(f"{status} {type_}: {message}")
-        self.status, self.type, self.message = status, type_, message
+        self.status, self.type, self.message, self.retry_after = status, type_, message, retry_after
+
+    def __reduce__(self) -> tuple[type, tuple]:  # picklable (a process pool sends it back to its caller)
+        return type(self), (self.status, self.type, self.message, self.retry_after)
 
 
 def _body(
-    samples: Sequence[Features], method: str | None, lam: float | None, coverage: float | None
+    samples: Sequence[Features] | Mapping[str, Any],
+    method: str | None,
+    lam: float | None,
+    coverage: float | None,
 ) -> bytes:
-    body: dict[str, Any] = {"samples": [{"views": _views(sample)} for sample in samples]}
+    body: dict[str, Any] = {"samples": [{"views": _views(sample)} for sample in _samples(samples)]}
     if method is not None:
         body["method"] = method
-    if lam is not None:
-        body["lambda"] = lam
-    if coverage is not None:
-        body["coverage"] = coverage
+    for key, value in (("lambda", lam), ("coverage", coverage)):
+        if value is not None:
+            number = float(value)  # numpy's scalars too
+            if not math.isfinite(number):
+                raise ValueError(f"{key} must be a finite number, got {value!r}")
+            body[key] = number
     return msgspec.json.encode(body)
+
+
+def _samples(samples: Sequence[Features] | Mapping[str, Any]) -> Sequence[Features]:
+    """Samples as a sequence of mappings: given so, or as one ``(N, d)`` matrix per view (fit's layout)."""
+    if isinstance(samples, Mapping):
+        columns = {name: None if values is None else np.asarray(values) for name, values in samples.items()}
+        rows = {len(values) for values in columns.values() if values is not None}
+        if len(rows) != 1 or any(v is not None and v.ndim != 2 for v in columns.values()):
+            raise ValueError(
+                "samples as a mapping hold one (N, d) matrix per view, N the same for all; or give a "
+                "sequence of per-sample mappings {view: features}"
+            )
+        return [{name: None if v is None else v[i] for name, v in columns.items()} for i in range(rows.pop())]
+    if not all(isinstance(sample, Mapping) for sample in samples):
+        raise ValueError("samples are a sequence of per-sample mappings {view: features}")
+    return samples
 
 
 def _views(sample: Features) -> dict[str, list]:
@@ -63,38 +107,98 @@ def _views(sample: Features) -> dict[str, list]:
         if values is None:
             continue
         array = np.asarray(values)
-        if array.size and array.dtype.kind == "f" and np.isnan(array).all():
-            continue
+        if array.size and array.dtype.kind == "f" and not np.isfinite(array).all():
+            if np.isnan(array).all():
+                continue
+            # JSON has neither NaN nor infinity: sent as null, the service's error would name a null
+            odd = array.ravel()[~np.isfinite(array.ravel())][0]
+            raise ValueError(
+                f"view {name!r}: {odd} among its numbers; a view the sample lacks is None, or all NaN"
+            )
+        if array.ndim > 1:
+            raise ValueError(f"view {name!r}: shape {array.shape}; one sample's features are a flat vector")
         views[name] = array.tolist()
     return views
 
 
-_JSON = {"content-type": "application/json"}
-
-
 def _path(model: str | None) -> str:
-    return "/predict" if model is None else f"/v1/models/{model}/predict"
+    return "/predict" if model is None else f"/v1/models/{quote(model, safe='')}/predict"
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    return {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
 
 
 def _checked(response: httpx.Response) -> bytes:
     if response.is_success:
         return response.content
+    retry_after = _retry_after(response)
     try:
         error = _ERROR.decode(response.content).error
     except (msgspec.DecodeError, msgspec.ValidationError):
-        raise DBFError(response.status_code, "http_error", response.text) from None
-    raise DBFError(response.status_code, error.type, error.message)
+        raise DBFError(response.status_code, "http_error", response.text, retry_after) from None
+    raise DBFError(response.status_code, error.type, error.message, retry_after)
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    try:
+        return float(response.headers["retry-after"])
+    except (KeyError, ValueError):  # none, or an HTTP date: not ours to give
+        return None
+
+
+def _wait(error: DBFError, attempt: int, retries: int) -> float | None:
+    """How long to wait before trying again after ``error`` (a 503 that says when), or None: raise it."""
+    if error.status != 503 or error.retry_after is None or attempt >= retries:
+        return None
+    return min(error.retry_after, _LONGEST_WAIT)
 
 
 class Client:
-    """Synchronous client. ``predict`` takes one sample's views; ``predict_batch`` many. ``method`` and
-    ``lam`` choose the fusion, ``coverage`` the prediction sets' (the model's defaults when None). A view a
-    sample lacks is left out of its mapping, or given as None or as all NaN (as fit's data marks it)."""
+    """A synchronous client of the v1 API.
+
+    A sample is a mapping ``{view: features}``; a view it lacks is left out, or given as None or as all NaN
+    (as fit's data marks it). ``method`` and ``lam`` choose the fusion and ``coverage`` the prediction
+    sets' (the model's defaults when None); ``model`` the model (the service's default when None).
+
+    Parameters
+    ----------
+    base_url : str
+        The service's address.
+    api_key : str, optional
+        ``DBF_API_KEY``, sent as ``Authorization: Bearer <key>``.
+    retries : int
+        How many times a 503 that says when to retry (``Retry-After``: overloaded, models not ready) is
+        retried after waiting that long (at most 30 s); 0: never, the ``DBFError`` is raised.
+    timeout : float
+        Seconds for each of connecting, sending and reading.
+    **httpx_options
+        Passed to ``httpx.Client`` (headers, TLS, proxies, transport).
+
+    Raises
+    ------
+    DBFError
+        An error answer of the service.
+    ValueError
+        Features that cannot be sent (NaN or infinity among a view's numbers, a matrix for one sample),
+        before anything is sent.
+    httpx.TransportError
+        A service that cannot be reached (``ConnectError``), or answers later than ``timeout``
+        (``TimeoutException``).
+    """
 
     def __init__(
-        self, base_url: str = "http://127.0.0.1:8000", *, timeout: float = 30.0, **httpx_options
+        self,
+        base_url: str = "http://127.0.0.1:8000",
+        *,
+        api_key: str | None = None,
+        retries: int = 0,
+        timeout: float = 30.0,
+        **httpx_options: Any,
     ) -> None:
-        self._http = httpx.Client(base_url=base_url, timeout=timeout, **httpx_options)
+        headers = {**_headers(api_key), **httpx_options.pop("headers", {})}
+        self._http = httpx.Client(base_url=base_url, timeout=timeout, headers=headers, **httpx_options)
+        self.retries = retries
 
     def predict(
         self,
@@ -105,29 +209,49 @@ class Client:
         lam: float | None = None,
         coverage: float | None = None,
     ) -> Prediction:
+        """One sample's answer: its label, class name, probabilities, uncertainty, conflict, discounts,
+        confidence, prediction set and flag (`service.schemas.Prediction`)."""
         return self.predict_batch(
             [views], model=model, method=method, lam=lam, coverage=coverage
         ).predictions[0]
 
     def predict_batch(
         self,
-        samples: Sequence[Features],
+        samples: Sequence[Features] | Mapping[str, Any],
         *,
         model: str | None = None,
         method: str | None = None,
         lam: float | None = None,
         coverage: float | None = None,
     ) -> PredictResult:
-        response = self._http.post(_path(model), content=_body(samples, method, lam, coverage), headers=_JSON)
-        return _RESULT.decode(_checked(response))
+        """Many samples' answers in one request (at most the service's ``DBF_MAX_SAMPLES``, 1024 by
+        default): ``samples`` a sequence of per-sample mappings, or one ``(N, d)`` matrix per view (fit's
+        layout; a row all NaN for a sample without that view). The result has the model, the fusion
+        used, the views and one `service.schemas.Prediction` per sample, in order."""
+        content = _body(samples, method, lam, coverage)
+        for attempt in range(self.retries + 1):
+            try:
+                return _RESULT.decode(_checked(self._http.post(_path(model), content=content, headers=_JSON)))
+            except DBFError as error:
+                wait = _wait(error, attempt, self.retries)
+                if wait is None:
+                    raise
+                time.sleep(wait)
+        raise AssertionError("unreachable")  # the last attempt returns or raises
 
     def models(self) -> dict[str, Any]:
+        """The models served: ``{"default": name or None, "models": [{"name", "views", "classes", ...}]}``."""
         return msgspec.json.decode(_checked(self._http.get("/v1/models")))
 
     def ready(self) -> bool:
-        return self._http.get("/ready").status_code == 200
+        """Whether the service answers and has its models loaded (False if it cannot be reached)."""
+        try:
+            return self._http.get("/ready").status_code == 200
+        except httpx.TransportError:
+            return False
 
     def close(self) -> None:
+        """Close the client's connections (``with Client(...) as client:`` does it on leaving)."""
         self._http.close()
 
     def __enter__(self) -> Client:
@@ -138,12 +262,21 @@ class Client:
 
 
 class AsyncClient:
-    """Asynchronous client with the same methods as :class:`Client`, awaited."""
+    """An asynchronous client of the v1 API: `Client`'s parameters and methods, awaited (``aclose``
+    for ``close``; ``async with AsyncClient(...) as client:``)."""
 
     def __init__(
-        self, base_url: str = "http://127.0.0.1:8000", *, timeout: float = 30.0, **httpx_options
+        self,
+        base_url: str = "http://127.0.0.1:8000",
+        *,
+        api_key: str | None = None,
+        retries: int = 0,
+        timeout: float = 30.0,
+        **httpx_options: Any,
     ) -> None:
-        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout, **httpx_options)
+        headers = {**_headers(api_key), **httpx_options.pop("headers", {})}
+        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout, headers=headers, **httpx_options)
+        self.retries = retries
 
     async def predict(
         self,
@@ -154,31 +287,46 @@ class AsyncClient:
         lam: float | None = None,
         coverage: float | None = None,
     ) -> Prediction:
+        """One sample's answer (`Client.predict`)."""
         return (
             await self.predict_batch([views], model=model, method=method, lam=lam, coverage=coverage)
         ).predictions[0]
 
     async def predict_batch(
         self,
-        samples: Sequence[Features],
+        samples: Sequence[Features] | Mapping[str, Any],
         *,
         model: str | None = None,
         method: str | None = None,
         lam: float | None = None,
         coverage: float | None = None,
     ) -> PredictResult:
-        response = await self._http.post(
-            _path(model), content=_body(samples, method, lam, coverage), headers=_JSON
-        )
-        return _RESULT.decode(_checked(response))
+        """Many samples' answers in one request (`Client.predict_batch`)."""
+        content = _body(samples, method, lam, coverage)
+        for attempt in range(self.retries + 1):
+            try:
+                response = await self._http.post(_path(model), content=content, headers=_JSON)
+                return _RESULT.decode(_checked(response))
+            except DBFError as error:
+                wait = _wait(error, attempt, self.retries)
+                if wait is None:
+                    raise
+                await asyncio.sleep(wait)
+        raise AssertionError("unreachable")  # the last attempt returns or raises
 
     async def models(self) -> dict[str, Any]:
+        """The models served (`Client.models`)."""
         return msgspec.json.decode(_checked(await self._http.get("/v1/models")))
 
     async def ready(self) -> bool:
-        return (await self._http.get("/ready")).status_code == 200
+        """Whether the service answers and has its models loaded (False if it cannot be reached)."""
+        try:
+            return (await self._http.get("/ready")).status_code == 200
+        except httpx.TransportError:
+            return False
 
     async def aclose(self) -> None:
+        """Close the client's connections."""
         await self._http.aclose()
 
     async def __aenter__(self) -> AsyncClient:

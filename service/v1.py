@@ -274,7 +274,8 @@ def _vector(values: Any, dim: int, where: str) -> np.ndarray:
         if values[odd] is None or isinstance(values[odd], JSONConstant):
             got = "null" if values[odd] is None else repr(values[odd])
             raise InvalidInput(f"{where}[{odd}]: every value must be a number, got {got}; {_MISSING}")
-        raise InvalidInput(f"{where}[{odd}]: every value must be a number, got {values[odd]!r}")
+        got = json.dumps(values[odd], default=repr)  # as the request spelled it: true, "1.5", [1.0]
+        raise InvalidInput(f"{where}[{odd}]: every value must be a number, got {got}")
     array = np.asarray(values, dtype=np.float64)
     if not np.isfinite(array).all():  # 1e999 and huge integers arrive as infinity
         bad = int(np.flatnonzero(~np.isfinite(array))[0])

@@ -50,8 +50,79 @@ def test_a_view_given_as_none_or_all_nan_is_sent_as_missing(url):
         for missing in (None, np.full(1024, np.nan), [float("nan")] * 1024):
             answer = client.predict({"image": missing, "text": CUB["text"]})
             assert set(answer.views) == {"text"} and answer.probability == text_only.probability
-        with pytest.raises(DBFError, match="image\\[0\\]: every value must be a number, got null"):
-            client.predict({"image": [float("nan")] + [0.0] * 1023, "text": CUB["text"]})  # not all NaN
+        # Not all NaN: JSON has no NaN, and sent as null the service's error named a null never written.
+        for odd in (float("nan"), float("inf")):
+            with pytest.raises(ValueError, match=f"view 'image': {odd} among its numbers"):
+                client.predict({"image": [odd] + [0.0] * 1023, "text": CUB["text"]})
+
+
+def test_inputs_a_user_has_at_hand_are_sent_as_they_mean(url):
+    """numpy's float64 scalars for lam and coverage (a TypeError before); fit's layout, one (N, d) matrix per
+    view, for a batch; a model name that is not a path segment (it went into the URL as it was); a matrix
+    for one sample, refused saying so (the service said 'expected 1024 values, got 1')."""
+    rng = np.random.default_rng(0)
+    image, text = rng.random((3, 1024)), rng.random((3, 300))
+    image[1] = np.nan  # sample 1 without its image view
+    with Client(url) as client:
+        rows = [{"image": None if i == 1 else image[i], "text": text[i]} for i in range(3)]
+        by_rows = client.predict_batch(rows, lam=np.float64(2.0), coverage=np.float64(0.8))
+        by_views = client.predict_batch({"image": image, "text": text}, lam=2.0, coverage=0.8)
+        assert by_rows == by_views and by_rows.lam == 2.0 and by_rows.coverage == 0.8
+        text_only = client.predict({"text": text[1]}, lam=2.0, coverage=0.8)
+        assert by_views.predictions[1] == text_only
+        with pytest.raises(DBFError, match=r"404 model_not_found: no model named 'cub\?x=1'"):
+            client.predict(CUB, model="cub?x=1")
+        with pytest.raises(ValueError, match="lambda must be a finite number"):
+            client.predict(CUB, lam=float("nan"))
+        with pytest.raises(ValueError, match=r"view 'image': shape \(1, 1024\); one sample's features"):
+            client.predict({"image": image[:1], "text": text[0]})
+
+
+def test_the_key_retries_and_errors_a_user_handles():
+    """The API key as an option; a 503 that says when (Retry-After) retried as often as asked, its wait
+    readable on the error; the error picklable (a process pool sends it back); a service that cannot be
+    reached is not ready."""
+    import pickle
+
+    from tests.service.conftest import free_port
+
+    one = {"image": np.zeros(1024, np.float32), "text": np.zeros(300)}
+    with serving(MODELS / "cub", api_key="s3cret", body_memory_bytes=1024, retry_after_seconds=0) as base:
+        with Client(base) as keyless:
+            with pytest.raises(DBFError) as refused:
+                keyless.predict(one)
+            assert refused.value.status == 401
+        overloaded = {"overloaded": 0}
+        with Client(
+            base, api_key="s3cret", retries=2, event_hooks={"response": [_count(overloaded)]}
+        ) as client:
+            assert client.models()["default"] == "cub"
+            with pytest.raises(DBFError) as shed:  # its body (about 20 KB) is over the 1 KiB budget
+                client.predict(one)
+        error = shed.value
+        assert (error.status, error.type, error.retry_after, overloaded["overloaded"]) == (
+            503,
+            "overloaded",
+            0.0,
+            3,
+        )
+        again = pickle.loads(pickle.dumps(error))
+        assert (again.status, again.type, again.message, again.retry_after) == (
+            503,
+            "overloaded",
+            error.message,
+            0.0,
+        )
+    with Client(f"http://127.0.0.1:{free_port()}", timeout=2) as nobody:
+        assert nobody.ready() is False
+
+
+def _count(counts: dict[str, int]):
+    def hook(response) -> None:
+        if response.status_code == 503:
+            counts["overloaded"] += 1
+
+    return hook
 
 
 def test_async_client(url):

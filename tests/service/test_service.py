@@ -156,7 +156,7 @@ BAD = [
     (
         {"samples": [{"views": {"pix": ["a"] * 240}}]},
         400,
-        "samples[0].views.pix[0]: every value must be a number, got 'a'",
+        'samples[0].views.pix[0]: every value must be a number, got "a"',
     ),
     (
         {"samples": [{"views": {"pix": [[0.0]] * 240}}]},
@@ -256,11 +256,11 @@ def test_openapi_docs_carry_a_working_example(url):
         ),
         (
             {"samples": [{"views": {"mor": [True, 0, 0, 0, 0, False]}}]},
-            "samples[0].views.mor[0]: every value must be a number, got True",
+            "samples[0].views.mor[0]: every value must be a number, got true",
         ),
         (
             {"samples": [{"views": {"mor": [0.5, "1.5", 0, 0, 0, 0]}}]},
-            "samples[0].views.mor[1]: every value must be a number, got '1.5'",
+            'samples[0].views.mor[1]: every value must be a number, got "1.5"',
         ),
         (
             {"samples": [{"views": {"mor": [0.5, None, 0, 0, 0, 0]}}]},
