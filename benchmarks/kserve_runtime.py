@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer
+from kserve.utils.utils import generate_uuid
 
 from benchmarks.peer_model import PeerModel
 
@@ -37,7 +38,10 @@ class DBFModel(Model):
             output = InferOutput(name, list(array.shape), _DATATYPES[array.dtype.name])
             output.set_data_from_numpy(array, binary_data=payload.from_grpc)
             outputs.append(output)
-        return InferResponse(payload.id, self.name, outputs, from_grpc=payload.from_grpc)
+        # A request without an id (wrk's) gets one, as KServe's documented custom model does: its REST
+        # front end refuses an answer without (a 500 for every request before).
+        response_id = payload.id or generate_uuid()
+        return InferResponse(response_id, self.name, outputs, from_grpc=payload.from_grpc)
 
 
 if __name__ == "__main__":

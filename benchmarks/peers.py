@@ -109,7 +109,16 @@ def _load(case: Case, body: Path, url: str, grpc_port: int, args: argparse.Names
         check_grpc(address, body.read_bytes())
         return h2load_load(f"http://{address}{case.path}", body, case, args.seconds)
     path = case.path.format(model=_model_name(args.model_dir))
+    _check_rest(url + path, body.read_bytes())
     return wrk_load(url + path, body, {"Content-Type": "application/json"}, case, args.seconds, script)
+
+
+def _check_rest(url: str, body: bytes) -> None:
+    """One request with the body wrk will send: it must be answered (a server answering errors is fast,
+    and its ratio meaningless: KServe's peer answered 500 to requests without an id)."""
+    answer = httpx.post(url, content=body, headers={"Content-Type": "application/json"}, timeout=60)
+    if answer.status_code != 200:
+        raise SystemExit(f"{url} answered {answer.status_code}, not 200: {answer.text[:300]}")
 
 
 def _peer(label: str, mlserver: Path | None, model_dir: Path, tmp: Path) -> tuple[Server, int]:
