@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import ipaddress
 import os
 import shutil
 import signal
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import uvicorn
@@ -17,22 +19,32 @@ from pydantic import ValidationError
 
 from service.repository import ModelLoadError, handed_placements, load_repository
 from service.server import supervise, uvicorn_options
-from service.settings import Settings
+from service.settings import Settings, unknown_variables
 
 
 def main(argv: list[str] | None = None) -> None:
+    unknown = unknown_variables(os.environ)
+    if unknown:
+        sys.exit(
+            f"error: {', '.join(unknown)}: not a setting of the service, so it would be ignored; correct its "
+            "name or unset it (the settings: docs/operations/configuration.md)"
+        )
     try:
         defaults = Settings()
     except ValidationError as error:  # e.g. an empty DBF_API_KEY: say which variable, not a traceback
+        # The setting (a union's members name themselves after it in the place), never its value (a key).
         problems = "; ".join(
-            f"DBF_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in error.errors()
+            dict.fromkeys(f"DBF_{str(e['loc'][0]).upper()}: {e['msg']}" for e in error.errors())
         )
         sys.exit(f"error: invalid settings: {problems}")
     parser = argparse.ArgumentParser(prog="python -m service", description=__doc__)
     parser.add_argument("--host", default=defaults.host)
-    parser.add_argument("--port", type=int, default=defaults.port)
+    parser.add_argument("--port", type=_port(1), default=defaults.port, help="HTTP port (1 to 65535)")
     parser.add_argument(
-        "--grpc-port", type=int, default=defaults.grpc_port, help="gRPC (Open Inference Protocol); 0: none"
+        "--grpc-port",
+        type=_port(0),
+        default=defaults.grpc_port,
+        help="gRPC (Open Inference Protocol) port (1 to 65535); 0: none",
     )
     parser.add_argument(
         "--workers",
@@ -50,10 +62,25 @@ def main(argv: list[str] | None = None) -> None:
         help="where the heads run: auto (each batch where it ran fastest at load), cuda or cpu",
     )
     parser.add_argument(
-        "--log-level", default=defaults.log_level, choices=["debug", "info", "warning", "error", "critical"]
+        "--log-level",
+        type=str.lower,
+        default=defaults.log_level,
+        choices=["debug", "info", "warning", "error", "critical"],
     )
     args = parser.parse_args(argv)
-    # Each worker process builds the app from the environment: hand the command line's choices on.
+    if args.grpc_port == args.port:
+        parser.error(f"--grpc-port {args.grpc_port} is --port's too: give gRPC a port of its own, or 0")
+    if defaults.api_key is None and not _loopback(args.host):
+        print(
+            f"warning: listening on {args.host} without DBF_API_KEY: any client that reaches the port can "
+            "ask for predictions (admin endpoints answer this host only); set a key, see "
+            "docs/operations/security.md",
+            file=sys.stderr,
+        )
+    # Each worker process builds the app from the environment: hand the command line's choices on (a flag
+    # beats its DBF_* variable, for the gRPC server's address too).
+    os.environ["DBF_HOST"] = args.host
+    os.environ["DBF_PORT"] = str(args.port)
     os.environ["DBF_MODEL_DIR"] = str(args.model_dir)
     os.environ["DBF_DEVICE"] = args.device
     os.environ["DBF_GRPC_PORT"] = str(args.grpc_port)
@@ -104,6 +131,28 @@ def main(argv: list[str] | None = None) -> None:
         supervise(uvicorn.Config(**options))  # uvicorn's supervisor; it also forgets dead workers' gauges
     else:
         uvicorn.run(**options)
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _port(lowest: int) -> Callable[[str], int]:
+    """An argparse type: a TCP port from ``lowest`` (0: none) to 65535."""
+
+    def port(text: str) -> int:
+        try:
+            number = int(text)
+        except ValueError:
+            number = -1
+        if not lowest <= number <= 65535:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a port ({lowest} to 65535)")
+        return number
+
+    return port
 
 
 def _workers(text: str) -> int | str:

@@ -303,14 +303,17 @@ async def start(plane: DataPlane, settings: Settings, version: str) -> GrpcFront
     (:func:`service.repository.message_limit`; a reload does not change it)."""
     repository = plane.repository
     limit = message_limit(settings, () if repository is None else repository.models.values())
+    siblings = settings.workers != 1
     options = [
-        ("grpc.so_reuseport", 1),
-        ("grpc.max_receive_message_length", limit),
+        # Worker processes share the port; a single one binds it alone, so that a port another server
+        # holds is refused rather than shared with it.
+        ("grpc.so_reuseport", int(siblings)),
+        ("grpc.max_receive_message_length", _int32(limit)),
         ("grpc.max_send_message_length", -1),  # an answer is bounded by DBF_MAX_ANSWER_VALUES
         # HTTP's connection limits: idle connections close, and at most so many are open at once (else a
         # flood of sockets that only say hello holds the process's file descriptors, probes' included).
-        ("grpc.max_connection_idle_ms", round(settings.idle_timeout_seconds * 1000)),
-        ("grpc.max_allowed_incoming_connections", settings.max_connections),
+        ("grpc.max_connection_idle_ms", _int32(settings.idle_timeout_seconds * 1000)),
+        ("grpc.max_allowed_incoming_connections", _int32(settings.max_connections)),
     ]
     key = settings.api_key
     server = grpc.aio.server(options=options, interceptors=() if key is None else (KeyFirst(key),))
@@ -329,6 +332,13 @@ async def start(plane: DataPlane, settings: Settings, version: str) -> GrpcFront
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     log.info("gRPC (Open Inference Protocol) on %s", address)
     return GrpcFrontEnd(server, health_servicer)
+
+
+def _int32(value: float) -> int:
+    """A gRPC channel option's value: a C int, which a larger setting (DBF_MAX_SAMPLES of 400,000, an idle
+    timeout of a month) overflows, failing the start; below its largest (gRPC's connection quota checks
+    that it is less)."""
+    return round(min(value, 2**31 - 2))
 
 
 def _described() -> descriptor_pool.DescriptorPool:

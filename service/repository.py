@@ -216,7 +216,7 @@ def read_manifest(path: Path) -> tuple[Manifest, dict[str, bytes]]:
     Returns the manifest and the verified bytes per view: sessions are built from these very bytes, so a
     file changed after the check is never loaded.
     """
-    content = _read_file(path, "manifest")
+    content = _read_file(path, "manifest", limit=MAX_MANIFEST_BYTES)
     try:
         manifest = Manifest.model_validate_json(content)
     except (ValidationError, ValueError) as error:
@@ -232,10 +232,15 @@ def read_manifest(path: Path) -> tuple[Manifest, dict[str, bytes]]:
     return manifest, verified
 
 
-def _read_file(file: Path, what: str) -> bytes:
-    """The bytes of ``file`` if it is a regular file (or a symlink to one), else :class:`ModelLoadError`
-    naming it. Opened without blocking and checked before any read: a FIFO or a device would block the load
-    for ever (holding the reload lock), or never end."""
+MAX_MANIFEST_BYTES = 16 << 20
+"""The largest manifest read: parsed, one takes about ten times its size in memory, and one of a fit on
+millions of samples (its conformal scores, one per calibration sample) is a few megabytes."""
+
+
+def _read_file(file: Path, what: str, *, limit: int | None = None) -> bytes:
+    """The bytes of ``file`` if it is a regular file (or a symlink to one) of at most ``limit`` bytes, else
+    :class:`ModelLoadError` naming it. Opened without blocking and checked before any read: a FIFO or a
+    device would block the load for ever (holding the reload lock), or never end."""
     try:
         descriptor = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as error:
@@ -246,7 +251,10 @@ def _read_file(file: Path, what: str) -> bytes:
             kind = _KINDS.get(stat.S_IFMT(mode), "a special file")
             raise ModelLoadError(f"{file}: cannot read {what} ({kind}, not a regular file)")
         with open(descriptor, "rb", closefd=False) as handle:
-            return handle.read()
+            content = handle.read() if limit is None else handle.read(limit + 1)  # (a file still growing)
+        if limit is not None and len(content) > limit:
+            raise ModelLoadError(f"{file}: {what} of more than {limit:,} bytes, more than any model's")
+        return content
     except OSError as error:
         raise ModelLoadError(f"{file}: cannot read {what} ({error.strerror})") from error
     finally:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -70,11 +72,14 @@ class Settings(BaseSettings):
     # Micro-batching (service/batching.py): concurrent requests for the same model and fusion run together.
     batching: bool = Field(default=True, description="micro-batch concurrent small requests")
     batch_max_samples: int = Field(default=256, ge=1, description="samples in one micro-batch, at most")
-    batch_max_delay_ms: float = Field(default=0.0, ge=0, description="a batch's longest wait for more")
+    # At most a second, both: a batch waiting longer holds every request in it (infinity: for ever).
+    batch_max_delay_ms: float = Field(
+        default=0.0, ge=0, le=1000, description="a batch's longest wait for more"
+    )
     # gRPC's calls reach the core one at a time (grpc.aio accepts a call, then receives its message, each a
     # completion of its own): without a wait, concurrent calls are never batched together.
     grpc_batch_delay_ms: float = Field(
-        default=1.0, ge=0, description="a batch holding a gRPC call waits this long for more"
+        default=1.0, ge=0, le=1000, description="a batch holding a gRPC call waits this long for more"
     )
     # Hot reload: POST /v1/admin/reload, or a poll of the model directory every this many seconds (0: off).
     reload_poll_seconds: float = Field(default=0.0, ge=0, description="seconds between polls (0: off)")
@@ -108,7 +113,9 @@ class Settings(BaseSettings):
     inference_threads: int = Field(
         default_factory=lambda: os.cpu_count() or 1, ge=1, description="batches run at once (the cores)"
     )
-    log_level: str = Field(default="info", description="debug, info, warning or error")
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = Field(
+        default="info", description="debug, info, warning, error or critical (any case)"
+    )
     graceful_shutdown_seconds: float = Field(
         default=30.0, gt=0, description="in-flight requests' time to finish"
     )
@@ -131,6 +138,18 @@ class Settings(BaseSettings):
         default=1024, ge=1, description="open connections; over it the stalest idle one is closed"
     )
 
+    @field_validator("model_dir", mode="before")
+    @classmethod
+    def _model_dir_given(cls, path: object) -> object:
+        if isinstance(path, str) and not path.strip():  # Path("") is ".": the working directory, unasked
+            raise ValueError("set but empty: give the model repository's path, or unset it for models/")
+        return path
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level_in_lower_case(cls, level: object) -> object:
+        return level.strip().lower() if isinstance(level, str) else level
+
     @field_validator("api_key")
     @classmethod
     def _api_key_stripped(cls, key: SecretStr | None) -> SecretStr | None:
@@ -140,3 +159,25 @@ class Settings(BaseSettings):
         if not stripped:
             raise ValueError("set but empty: give it a key, or unset it to leave the endpoints open")
         return SecretStr(stripped)
+
+
+# DBF_* variables read by others than the service: fit's data directory, and the test suite's knobs.
+READ_ELSEWHERE = frozenset(
+    {"DBF_DATA_DIR", "DBF_REQUIRE_DATA", "DBF_LOAD_TEST_SECONDS", "DBF_IMAGE_CACHE", "DBF_DEBIAN_MIRROR"}
+)
+
+
+def unknown_variables(environment: Mapping[str, str]) -> list[str]:
+    """``DBF_*`` variables of ``environment`` that set nothing, each with the setting it may have meant: a
+    typo (``DBF_API_KEYS``) would otherwise leave its setting at its default (here: no key, the API open).
+
+    >>> unknown_variables({"DBF_API_KEYS": "k", "DBF_PORT": "9000", "DBF_DATA_DIR": "data", "HOME": "/"})
+    ['DBF_API_KEYS (did you mean DBF_API_KEY?)']
+    """
+    known = {f"DBF_{name.upper()}" for name in Settings.model_fields}
+    found = []
+    for name in sorted(environment):
+        if name.upper().startswith("DBF_") and name.upper() not in known | READ_ELSEWHERE:
+            close = difflib.get_close_matches(name.upper(), sorted(known), n=1)
+            found.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    return found

@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -558,6 +559,55 @@ def test_a_grpc_port_taken_refuses_to_start():
         failed = start_and_fail("--grpc-port", str(port), "--model-dir", str(MODELS / "scene15"))
     assert failed.returncode != 0
     assert "DBF_GRPC_PORT" in failed.stdout + failed.stderr
+
+
+def test_a_grpc_port_another_server_shares_is_refused_by_a_single_worker():
+    """gRPC bound with SO_REUSEPORT always: a port another gRPC server held (it sets SO_REUSEPORT too) was
+    shared with it, 11 of 20 new channels answered by the other one. A single worker binds it alone."""
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        failed = start_and_fail("--grpc-port", str(port), "--model-dir", str(MODELS / "scene15"))
+    assert failed.returncode != 0
+    assert f"cannot serve gRPC on port {port}" in failed.stdout + failed.stderr
+
+
+def _listening(port: int) -> set[str]:
+    """The local addresses of the sockets listening on ``port``, as /proc lists them (gRPC listens on an
+    IPv6 socket, IPv4 addresses mapped into it: ``::ffff:127.0.0.1`` is read as ``127.0.0.1``)."""
+    found = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.split(":")
+            if state != "0A" or int(hex_port, 16) != port:  # 0A: LISTEN
+                continue
+            v4 = address if table == "tcp" else address[24:]
+            if table == "tcp" or address.startswith("0000000000000000FFFF0000"):
+                found.add(".".join(str(int(v4[i : i + 2], 16)) for i in (6, 4, 2, 0)))
+            else:
+                found.add("::" if not int(address, 16) else address)
+    return found
+
+
+def test_the_host_flag_and_large_limits_hold_for_grpc():
+    """--host was not handed to gRPC, which listened where DBF_HOST said (0.0.0.0 in the image) while HTTP
+    kept to loopback; and limits past a C int (DBF_IDLE_TIMEOUT_SECONDS of a month, DBF_MAX_CONNECTIONS
+    of 3e9), accepted as settings, failed gRPC's start with a traceback."""
+    port = free_port()
+    env = {"DBF_HOST": "0.0.0.0", "DBF_IDLE_TIMEOUT_SECONDS": "3000000", "DBF_MAX_CONNECTIONS": "3000000000"}
+    command = ("--host", "127.0.0.1", "--grpc-port", str(port), "--model-dir", str(MODELS / "scene15"))
+    with service_process(*command, env=env):
+        assert _listening(port) == {"127.0.0.1"}
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            live = channel.unary_unary(
+                "/inference.GRPCInferenceService/ServerLive",
+                request_serializer=pb.ServerLiveRequest.SerializeToString,
+                response_deserializer=pb.ServerLiveResponse.FromString,
+            )
+            assert live(pb.ServerLiveRequest(), timeout=10).live
 
 
 def test_idle_connections_close_and_their_number_is_capped():

@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -230,3 +232,50 @@ def test_an_empty_api_key_refuses_to_start(key):
     assert done.returncode != 0
     assert "DBF_API_KEY: Value error, set but empty" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "said"),
+    [
+        ([], {"DBF_API_KEYS": "s3cret"}, "DBF_API_KEYS (did you mean DBF_API_KEY?): not a setting"),
+        ([], {"DBF_GRPCPORT": "0"}, "DBF_GRPCPORT (did you mean DBF_GRPC_PORT?): not a setting"),
+        (["--port", "70000"], {}, "argument --port: '70000' is not a port (1 to 65535)"),
+        (["--grpc-port", "-1"], {}, "argument --grpc-port: '-1' is not a port (0 to 65535)"),
+        ([], {"DBF_LOG_LEVEL": "bogus"}, "DBF_LOG_LEVEL: Input should be 'debug', 'info'"),
+        ([], {"DBF_BATCH_MAX_DELAY_MS": "inf"}, "DBF_BATCH_MAX_DELAY_MS: Input should be less than or equal"),
+        ([], {"DBF_GRPC_BATCH_DELAY_MS": "1e30"}, "DBF_GRPC_BATCH_DELAY_MS: Input should be less than"),
+        ([], {"DBF_MODEL_DIR": ""}, "DBF_MODEL_DIR: Value error, set but empty"),
+        ([], {"DBF_WORKERS": "0"}, "DBF_WORKERS: Input should be greater than or equal to 1"),
+    ],
+    ids=["key-typo", "port-typo", "port-range", "grpc-port-range", "log-level", "delay", "grpc-delay",
+         "empty-model-dir", "workers"],
+)  # fmt: skip
+def test_a_setting_mistyped_or_out_of_range_refuses_to_start_naming_it(args, env, said):
+    """A probe of the settings: a typo of DBF_API_KEY started the service with the API open; DBF_GRPCPORT
+    left gRPC on; --port 70000 listened on 4464; an unknown log level, or an unbounded batch wait (every
+    request then hung), ended in a traceback or not at all. Each now stops before anything starts."""
+    done = start_and_fail("--model-dir", str(MODELS / "handwritten"), *args, env=env)
+    assert done.returncode != 0
+    assert said in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_the_same_port_for_http_and_grpc_is_refused_up_front():
+    """It was found only as 'address already in use', from whichever bound second."""
+    done = subprocess.run(
+        [sys.executable, "-m", "service", "--port", "18999", "--grpc-port", "18999"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and "--grpc-port 18999 is --port's too" in done.stderr
+
+
+def test_a_manifest_larger_than_any_model_has_is_refused_unread(tmp_path):
+    """A 1 GiB manifest.json took the loader to 9.5 GB (a 100 MiB one, during a reload, a running service
+    from 125 MB to 1 GB): it is refused after its first 16 MiB, naming the file."""
+    from service.repository import MAX_MANIFEST_BYTES, ModelLoadError, read_manifest
+
+    manifest = tmp_path / "manifest.json"
+    with manifest.open("wb") as out:
+        out.write(b'{"views": [' + b" " * MAX_MANIFEST_BYTES + b"]}")
+    with pytest.raises(ModelLoadError, match=f"{manifest}: manifest of more than 16,777,216 bytes"):
+        read_manifest(manifest)
