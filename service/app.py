@@ -37,8 +37,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         except ModelLoadError as error:
             # Like Triton on a load error: log the file at fault and refuse to start (uvicorn exits non-zero).
             log.error("model repository failed to load: %s", error)
+            app.state.start_refused = True  # said: the server adds no traceback (service.server)
             raise SystemExit(1) from None
-        front_end = await _start_grpc(plane, settings) if settings.grpc_port else None
+        try:
+            front_end = await _start_grpc(plane, settings) if settings.grpc_port else None
+        except SystemExit:
+            app.state.start_refused = True
+            raise
         if front_end is not None:
             front_end.stop_on_signals(settings.graceful_shutdown_seconds)
         async with anyio.create_task_group() as tasks:

@@ -374,13 +374,19 @@ def _malformed(error: httptools.HttpParserError) -> tuple[int, str, str]:
 
 class ConnectionAnswers:
     """ASGI wrapper: ``Connection: close`` on an answer that refuses a body too large to read (the rest is
-    never read), and 503 ``shutting_down`` for a request cut at the end of the graceful-shutdown period."""
+    never read), and 503 ``shutting_down`` for a request cut at the end of the graceful-shutdown period;
+    and a start the app refused for a reason it logged (``state.start_refused``) without the traceback the
+    framework would add to it."""
 
-    def __init__(self, app: Any, *, max_body_bytes: int) -> None:
+    def __init__(self, app: Any, *, max_body_bytes: int, state: Any = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.state = state
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, receive, self._quiet_refusal(send))
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -424,6 +430,18 @@ class ConnectionAnswers:
                 headers={"Connection": "close"},
             )
             await answer(scope, receive, send)
+
+    def _quiet_refusal(self, send: Any) -> Any:
+        """``send`` of the lifespan, with a refused start's traceback left out: Starlette sends it as the
+        failure's message and uvicorn logs it, after the reason the app logged itself."""
+
+        async def sending(message: dict) -> None:
+            refused = getattr(self.state, "start_refused", False)
+            if message["type"] == "lifespan.startup.failed" and refused:
+                message = {**message, "message": ""}
+            await send(message)
+
+        return sending
 
 
 _CLOSE = (b"connection", b"close")
@@ -482,7 +500,7 @@ def guarded(app: FastAPI) -> ConnectionAnswers:
     """A :func:`service.app.create_app` app as the server runs it: its inference routes answered directly
     (:class:`~service.api.direct.DirectRoutes`), all of it wrapped in :class:`ConnectionAnswers`."""
     direct = DirectRoutes(app, DIRECT)
-    return ConnectionAnswers(direct, max_body_bytes=app.state.settings.max_body_bytes)
+    return ConnectionAnswers(direct, max_body_bytes=app.state.settings.max_body_bytes, state=app.state)
 
 
 class WorkerSupervisor(Multiprocess):
@@ -531,6 +549,8 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
     return {
         "http": functools.partial(GuardedHttpProtocol, limits=limits),
         "ws": "none",  # no websocket routes: an upgrade request is answered as plain HTTP
+        # The lifespan loads the models: a fault in it stops the server ("auto" would serve without them).
+        "lifespan": "on",
         "timeout_keep_alive": settings.idle_timeout_seconds,
     }
 

@@ -559,6 +559,7 @@ def test_a_grpc_port_taken_refuses_to_start():
         failed = start_and_fail("--grpc-port", str(port), "--model-dir", str(MODELS / "scene15"))
     assert failed.returncode != 0
     assert "DBF_GRPC_PORT" in failed.stdout + failed.stderr
+    assert "Traceback" not in failed.stderr
 
 
 def test_a_grpc_port_another_server_shares_is_refused_by_a_single_worker():

@@ -193,6 +193,8 @@ def test_a_model_copied_under_another_folder_stops_the_service_naming_both(tmp_p
     assert done.returncode != 0
     first, second = (tmp_path / folder / "manifest.json" for folder in ("handwritten", "handwritten-copy"))
     assert f"{second}: model name 'handwritten' is used twice (also by {first})" in done.stderr, done.stderr
+    # Said once, without the framework's traceback of the lifespan that stopped (a 60-line one before).
+    assert "Traceback" not in done.stderr and "Application startup failed" in done.stderr
 
 
 def too_wide(model: Path) -> Path:
