@@ -33,16 +33,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Before loading: a change made while the models load is then seen, and reloaded, by the watcher.
         seen = repository_fingerprint(settings.model_dir) if settings.reload_poll_seconds > 0 else ()
         try:
-            serve(plane, load_repository(settings))
-        except ModelLoadError as error:
-            # Like Triton on a load error: log the file at fault and refuse to start (uvicorn exits non-zero).
-            log.error("model repository failed to load: %s", error)
-            app.state.start_refused = True  # said: the server adds no traceback (service.server)
-            raise SystemExit(1) from None
-        try:
+            _load(plane, settings)
             front_end = await _start_grpc(plane, settings) if settings.grpc_port else None
         except SystemExit:
-            app.state.start_refused = True
+            app.state.start_refused = True  # its reason logged: the server adds no traceback (service.server)
             raise
         if front_end is not None:
             front_end.stop_on_signals(settings.graceful_shutdown_seconds)
@@ -78,6 +72,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     metrics.BUILD.labels(_version()).set(1)
     app.openapi = lambda: _openapi(app)
     return app
+
+
+def _load(plane: DataPlane, settings: Settings) -> None:
+    """The models served, or exit 1 naming the file at fault (as Triton refuses to start on a load error)."""
+    try:
+        serve(plane, load_repository(settings))
+    except ModelLoadError as error:
+        log.error("model repository failed to load: %s", error)
+        raise SystemExit(1) from None
 
 
 async def _start_grpc(plane: DataPlane, settings: Settings) -> grpc_server.GrpcFrontEnd:

@@ -167,7 +167,7 @@ def decode(
             v2.refuse_shared_memory(parameters, where, "send its data in the message")
         if tensor.datatype == "FP32":  # another is refused by v2's checks, whatever its data
             if raw:
-                flat[i] = _raw_values(raw[i], f"{where}: raw_input_contents[{i}]")
+                flat[i] = _raw_values(raw[i], f"{where}: raw_input_contents[{i}]", list(tensor.shape))
             else:
                 flat[i] = _typed_values(tensor.contents, where)
         else:
@@ -237,9 +237,13 @@ def _typed_values(contents: pb.InferTensorContents, where: str) -> np.ndarray:
     return np.array(contents.fp32_contents, dtype=np.float32)
 
 
-def _raw_values(data: bytes, where: str) -> np.ndarray:
+def _raw_values(data: bytes, where: str, shape: list[int]) -> np.ndarray:
+    """An FP32 input's raw bytes as float32, read in place; their size checked against ``shape``'s (where
+    it is one v2's checks can take: two dimensions, none negative), in bytes."""
     if len(data) % 4:
         raise InvalidInput(f"{where} is {len(data)} bytes, not a whole number of FP32 values")
+    if len(shape) == 2 and min(shape) >= 0 and len(data) != 4 * shape[0] * shape[1]:
+        raise InvalidInput(f"{where} is {len(data)} bytes; {shape} FP32 takes {4 * shape[0] * shape[1]}")
     return np.frombuffer(data, dtype="<f4")
 
 

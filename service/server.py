@@ -384,11 +384,8 @@ class ConnectionAnswers:
         self.state = state
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            await self.app(scope, receive, self._quiet_refusal(send))
-            return
         if scope["type"] != "http":
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, self._quiet_refusal(send) if scope["type"] == "lifespan" else send)
             return
         declared = _declared_length(scope["headers"])
         body_pending = declared != 0

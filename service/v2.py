@@ -119,7 +119,7 @@ def tensors_request(
     method, lam, coverage = _options(request.parameters, signature)
     views, index = signature.views, signature.view_index
     with np.errstate(over="ignore"):  # values beyond float32 become infinity, refused as not finite
-        arrays, absent, n = _arrays(request, flat, binary, signature, max_samples, raw=binary_request)
+        arrays, absent, n = _arrays(request, flat, binary, signature, max_samples)
     if n is None:
         raise InvalidInput(f"no inputs: send at least one of {list(index)}")
     features = {view.name: arrays.get(view.name, np.empty((0, view.dim), np.float32)) for view in views}
@@ -410,13 +410,10 @@ def _arrays(
     binary: bytes,
     signature: ModelSignature,
     max_samples: int,
-    *,
-    raw: bool,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], int | None]:
     """Each input's float32 rows (from binary data, ``flat``'s numbers read by the fast reader or from
     gRPC's contents, or its JSON ``data``), checked against the model's views, with the rows all NaN left
-    out; which rows those were, by input (only inputs that had any); and N (None: no inputs). ``raw``:
-    ``flat``'s numbers were bytes (gRPC's ``raw_input_contents``), whose sizes errors give."""
+    out; which rows those were, by input (only inputs that had any); and N (None: no inputs)."""
     views, index = signature.views, signature.view_index
     arrays: dict[str, np.ndarray] = {}
     absent: dict[str, np.ndarray] = {}  # per input with rows all NaN: which rows (the view missing there)
@@ -453,11 +450,6 @@ def _arrays(
             array = np.frombuffer(binary, dtype="<f4", count=rows * dim, offset=offset).reshape(rows, dim)
             offset += size
         elif i in flat:
-            if flat[i].size != rows * dim and raw:
-                raise InvalidInput(
-                    f"{where}: raw_input_contents[{i}] is {flat[i].size * 4} bytes; {tensor.shape} FP32 "
-                    f"takes {rows * dim * 4}"
-                )
             if flat[i].size != rows * dim:
                 raise InvalidInput(_malformed(rows * dim, where))
             array = flat[i].astype(np.float32, copy=False).reshape(rows, dim)  # float64 read from JSON

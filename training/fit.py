@@ -52,7 +52,7 @@ from training.heads import EvidentialHeads, head_weights
 from training.metrics import accuracy
 from training.progress import Progress, ProgressBar, ProgressLines, progress_for
 from training.protocol import EvaluationSets, Samples, evaluation_sets
-from training.readers import read_registered
+from training.readers import machine_memory, read_registered
 from training.registry import dataset_spec
 from training.report import FitReport
 from training.train import Budget, EarlyStopping, TrainConfig, Trained, predict_evidence, train_members
@@ -207,10 +207,7 @@ def _check_heads(data: MultiViewData, candidates: Sequence[tuple[int, ...]]) -> 
     """Refuse, before training, heads that could not be exported (one over an ONNX file's limit) or
     trained here (all of them over half this machine's memory): found out after the training, or as numpy's
     MemoryError, they cost the whole run."""
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):  # not POSIX: torch's allocation decides
-        memory = None
+    memory = machine_memory()
     for hidden in candidates:
         weights = [head_weights(dim, data.num_classes, hidden=hidden) for dim in data.view_dims]
         shape = ",".join(map(str, hidden)) or "linear"

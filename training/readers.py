@@ -88,14 +88,18 @@ def _check_width(width: int, *, where: str) -> None:
         )
 
 
+def machine_memory() -> int | None:
+    """This machine's physical memory in bytes; None where the system does not say (not POSIX)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
 def _dense(rows: int, width: int, *, where: str) -> np.ndarray:
     """An uninitialised float32 ``(rows, width)`` matrix, or a :class:`DataError` where this machine cannot
     hold it (rather than numpy's MemoryError, or pages the kernel kills the process for once written)."""
-    needed = rows * width * 4
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):  # not POSIX: numpy's allocation decides
-        memory = None
+    needed, memory = rows * width * 4, machine_memory()
     if memory is not None and needed > memory:
         raise DataError(
             f"{where}: {rows:,} samples of {width:,} features make {needed / 2**30:,.1f} GiB as float32, "
