@@ -150,7 +150,7 @@ def _fit(args: argparse.Namespace) -> int:
     from training.progress import progress_for
     from training.readers import load
     from training.registry import DEFAULT_HYPERPARAMETERS
-    from training.train import Budget, TrainConfig
+    from training.train import Budget, TrainConfig, weighting_for
 
     started = time.perf_counter()
     try:
@@ -175,7 +175,17 @@ def _fit(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     hyperparameters = data.spec.hyperparameters if data.spec is not None else DEFAULT_HYPERPARAMETERS
-    config = TrainConfig(method=args.method, lam=args.lam, hyperparameters=hyperparameters, seed=args.seed)
+    config = TrainConfig(
+        method=args.method,
+        lam=args.lam,
+        hyperparameters=hyperparameters,
+        class_weighting=(
+            weighting_for(data.labels, num_classes=data.num_classes)
+            if args.class_weighting == "auto"
+            else args.class_weighting
+        ),
+        seed=args.seed,
+    )
     if args.beta is not None:
         config = replace(config, beta=args.beta)
     budget = Budget(epochs=args.epochs, patience=args.patience, seconds=args.max_minutes * 60)
@@ -480,6 +490,14 @@ def _add_fit_training(own: argparse.ArgumentParser) -> None:
         help="weight of each view's own loss beside the fused one (the paper's beta; default 1, and the "
         "heads trained again with 0.1 where the fused model is below its best view on held-out samples: "
         "out of fold, or the validation split's)",
+    )
+    own.add_argument(
+        "--class-weighting",
+        choices=("auto", "none", "sqrt", "balanced"),
+        default="auto",
+        help="how much each training sample's loss weighs by its class's share: none (alike), balanced "
+        "(every class as much in all) or sqrt (between: the inverse square root of the share); default "
+        "auto: sqrt where the commonest class outnumbers the rarest more than 4 to 1, else none",
     )
     own.add_argument(
         "--target-fpr",

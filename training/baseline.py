@@ -150,7 +150,8 @@ class Comparison:
         return [
             f"the fused model is right on {self.fused.value:.1%} of test samples, but far less often on "
             f"{len(neglected)} of the {len(self.classes)} classes ({shown}{more}): it favours the commonest "
-            "classes; more samples of these, or `--hidden` for heads that fit more, may help"
+            "classes; more samples of these, `--class-weighting balanced` to weigh each class's samples as "
+            "much in all, or `--hidden` for heads that fit more, may help"
         ]
 
 

@@ -397,7 +397,7 @@ def training(report: FitReport, manifest: Manifest) -> Section:
         f"One head per view ({_architecture(config.hidden)}{_choice(report.choice)}{_outvoted(report)}) with "
         f"the {activation} evidence activation, trained "
         f"with the paper's loss fused by {config.method.upper()} (lambda {config.lam:g}; each view's own "
-        f"term weighted {config.beta:g}): learning rate "
+        f"term weighted {config.beta:g}{_class_weighting(config.class_weighting)}): learning rate "
         f"{hp.lr:g}, KL annealing over {hp.annealing_step} epochs, gamma {hp.gamma:g}, weight decay "
         f"{hp.weight_decay:g}, batch {config.batch_size}, seeds {report.seed} (split) and {config.seed} "
         f"(weights). {stopping}. {total:.0f} s in all "
@@ -405,6 +405,15 @@ def training(report: FitReport, manifest: Manifest) -> Section:
     )
     figure = Figure("training.png", "Loss per epoch", draw)
     return Section("Training", text, (figure,))
+
+
+def _class_weighting(weighting: str) -> str:
+    """How the training loss weighed the classes, as a clause of the Training section."""
+    return {
+        "none": "; every sample alike",
+        "sqrt": "; each sample by the inverse square root of its class's share",
+        "balanced": "; each sample by the inverse of its class's share",
+    }[weighting]
 
 
 SECTIONS: tuple[SectionMaker, ...] = (

@@ -120,6 +120,7 @@ class FitReport:
             "annealing_step": hp.annealing_step,
             "gamma": hp.gamma,
             "beta": config.beta,
+            "class_weighting": config.class_weighting,
             "weight_decay": hp.weight_decay,
             "splits": {
                 "train": len(self.sets.train),

@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 import torch
@@ -19,6 +19,55 @@ from training.heads import Activation, EvidentialHeads, evidence_activation
 from training.loss import annealing_coefficient, total_loss
 from training.progress import Progress, ProgressBar, Silent
 from training.registry import DEFAULT_HYPERPARAMETERS, Hyperparameters
+
+ClassWeighting = Literal["none", "sqrt", "balanced"]
+"""How much a training sample's loss weighs by its class's share (:func:`class_weights`)."""
+
+_WEIGHTING_POWER: dict[str, float] = {"none": 0.0, "sqrt": 0.5, "balanced": 1.0}
+
+
+def class_weights(labels: np.ndarray, *, num_classes: int, weighting: ClassWeighting) -> np.ndarray:
+    """Each class's weight in the training loss: ``(N / (K n_c)) ** p``, scaled to average 1 over ``labels``.
+
+    ``p`` is 0 for ``"none"`` (every sample alike), 1 for ``"balanced"`` (every class's samples weigh as
+    much in all, scikit-learn's ``class_weight="balanced"``) and 0.5 for ``"sqrt"``, between the two. The
+    evidential loss keeps rewarding evidence for samples it already gets right, so on data where one class
+    is rare, unweighted training grows the common class's evidence without bound and the rare class's
+    hardly at all, and averaging fusion then answers the common class everywhere. A class absent from
+    ``labels`` counts as one sample.
+
+    Examples
+    --------
+    >>> labels = np.array([0] * 90 + [1] * 10)
+    >>> class_weights(labels, num_classes=2, weighting="balanced").round(3)
+    array([0.556, 5.   ])
+    >>> class_weights(labels, num_classes=2, weighting="sqrt").round(3)
+    array([0.833, 2.5  ])
+    >>> class_weights(np.array([0, 1, 1, 0]), num_classes=2, weighting="sqrt")
+    array([1., 1.])
+    """
+    counts = np.maximum(np.bincount(labels, minlength=num_classes), 1).astype(np.float64)
+    weights = (len(labels) / (num_classes * counts)) ** _WEIGHTING_POWER[weighting]
+    return weights / weights[labels].mean()
+
+
+IMBALANCE = 4.0
+"""``fit``'s classes are weighted (``"sqrt"``) where the commonest outnumbers the rarest more than this."""
+
+
+def weighting_for(labels: np.ndarray, *, num_classes: int) -> ClassWeighting:
+    """``fit``'s default class weighting: ``"sqrt"`` where the commonest class has more than :data:`IMBALANCE`
+    times the samples of the rarest, else ``"none"``: where unweighted training starts to lose a rare class
+    that a view separates, while below it data sets keep the paper's training (docs/data/fit.md).
+
+    >>> weighting_for(np.repeat([0, 1], [80, 20]), num_classes=2)
+    'none'
+    >>> weighting_for(np.repeat([0, 1, 2], [90, 50, 10]), num_classes=3)
+    'sqrt'
+    """
+    counts = np.bincount(labels, minlength=num_classes)
+    counts = counts[counts > 0]
+    return "sqrt" if counts.max() > IMBALANCE * counts.min() else "none"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +82,7 @@ class TrainConfig:
     batch_size: int = 200
     hyperparameters: Hyperparameters = DEFAULT_HYPERPARAMETERS
     beta: float = 1.0
+    class_weighting: ClassWeighting = "none"
     seed: int = 0
 
 
@@ -211,6 +261,7 @@ def train_members(
     members = _initialised_members(views[0], num_classes, config=config, seeds=seeds)
     stacked = _StackedHeads(members)
     batches = _Batches(views, labels, seeds=seeds, rows=rows, present=present)
+    weights = _member_class_weights(labels, rows, num_classes=num_classes, weighting=config.class_weighting)
     hp = config.hyperparameters
     optimizer = torch.optim.Adam(stacked.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
     reporter = _reporter(progress, config.epochs)
@@ -218,12 +269,12 @@ def train_members(
     for epoch in range(1, config.epochs + 1):
         started = time.perf_counter()
         train_loss = _train_epoch(
-            stacked, batches, optimizer, epoch=epoch, methods=fusion_methods, config=config
+            stacked, batches, optimizer, epoch=epoch, methods=fusion_methods, config=config, weights=weights
         )
         validation_loss = (
             None
             if validation is None
-            else _validation_loss(stacked, validation, fusion_methods, config=config)
+            else _validation_loss(stacked, validation, fusion_methods, config=config, weights=weights)
         )
         watch.record(epoch, stacked, train_loss, validation_loss, seconds=time.perf_counter() - started)
         reporter.epoch(
@@ -235,6 +286,26 @@ def train_members(
             break
     reporter.close(stopped_early=watch.stopped_early)
     return watch.finish(stacked, members)
+
+
+def _member_class_weights(
+    labels: Sequence[np.ndarray],
+    rows: Sequence[np.ndarray] | None,
+    *,
+    num_classes: int,
+    weighting: ClassWeighting,
+) -> torch.Tensor | None:
+    """Per member, its classes' weights from its own training rows, (M, K); None where all weigh 1."""
+    if weighting == "none":
+        return None
+    trained_on = [np.asarray(member if rows is None else member[rows[m]]) for m, member in enumerate(labels)]
+    weights = [class_weights(member, num_classes=num_classes, weighting=weighting) for member in trained_on]
+    return torch.as_tensor(np.stack(weights), dtype=torch.float32)
+
+
+def _weighted(loss: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """Each sample's loss, (M, B), times its class's weight (:func:`class_weights`)."""
+    return loss if weights is None else loss * weights.gather(1, labels.long())
 
 
 def _initialised_members(
@@ -318,8 +389,9 @@ def _train_epoch(
     epoch: int,
     methods: Method | list[Method],
     config: TrainConfig,
+    weights: torch.Tensor | None,
 ) -> list[float]:
-    """One pass over every member's training rows; each member's mean training loss over them."""
+    """One pass over every member's training rows; each member's mean (class-weighted) loss over them."""
     hp = config.hyperparameters
     annealing = annealing_coefficient(epoch, hp.annealing_step)
     total = torch.zeros(batches.m, dtype=torch.float64)
@@ -334,6 +406,7 @@ def _train_epoch(
             gamma=hp.gamma,
             mask=mask,
         )
+        loss = _weighted(loss, labels, weights)
         optimizer.zero_grad(set_to_none=True)
         loss.mean(-1).sum().backward()  # each member: the mean over its batch
         optimizer.step()
@@ -448,9 +521,11 @@ def _validation_loss(
     methods: Method | list[Method],
     *,
     config: TrainConfig,
+    weights: torch.Tensor | None,
     batch_size: int = 4096,
 ) -> list[float]:
-    """Each member's mean loss on its validation samples, the KL term fully annealed."""
+    """Each member's mean loss on its validation samples, the KL term fully annealed, each sample weighted
+    as in training."""
     n = len(validation[0])
     if any(len(member) != n for member in validation):
         raise ValueError("every member needs the same number of validation samples")
@@ -488,7 +563,7 @@ def _validation_loss(
                 gamma=config.hyperparameters.gamma,
                 mask=mask,
             )
-            total += loss.sum(-1)
+            total += _weighted(loss, labels, weights).sum(-1)
     return (total / max(n, 1)).tolist()
 
 

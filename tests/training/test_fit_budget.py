@@ -140,6 +140,25 @@ def test_hidden_layers_as_asked_are_trained_exported_and_described(tmp_path):
     assert "One head per view (hidden layers of 16, 8 units) with" in (out / "card.md").read_text()
 
 
+@pytest.mark.parametrize(
+    ("option", "recorded", "clause"),
+    [
+        ((), "none", "every sample alike"),  # classes equally common: auto weighs none
+        (
+            ("--class-weighting", "sqrt"),
+            "sqrt",
+            "each sample by the inverse square root of its class's share",
+        ),
+    ],
+)
+def test_the_class_weighting_is_recorded_and_described(option, recorded, clause, tmp_path):
+    data = write_npy(tmp_path / "data", *dataset())
+    out = tmp_path / "model"
+    assert fit("--data", data, "--out", out, *option, "--hidden", "0", "--epochs", "4", "--quiet") == 0
+    assert read_manifest(out).training["class_weighting"] == recorded
+    assert clause in (out / "card.md").read_text()
+
+
 @pytest.mark.data
 def test_export_trains_the_hidden_layers_asked_for(data_dir, tmp_path):
     out = tmp_path / "cub"
