@@ -62,6 +62,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.dataplane = plane = DataPlane(settings)
+    app.state.exposition = metrics.Exposition(min_interval=metrics.RENDER_INTERVAL)
     errors.install(app)
     # Without an API key there is nothing to check, so no dependency to solve on every request.
     guard = [Depends(require_api_key)] if settings.api_key is not None else []

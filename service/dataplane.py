@@ -81,7 +81,15 @@ class BodyBudget:
     def __init__(self, limit: int, retry_after: int) -> None:
         self.limit, self.used, self._retry_after = limit, 0, retry_after
 
-    def reserve(self, size: int) -> None:
+    def reserve(self, size: int, *, body: int) -> None:
+        """Hold ``size`` more bytes of a body of ``body`` bytes so far: shed (503) past the budget, or
+        refused (413) where the body alone is more than the budget holds, which no retry can change."""
+        if body > self.limit:
+            raise PayloadTooLarge(
+                f"a body of {body} bytes (decompressed) is more than the {self.limit} that this service "
+                "holds at once for all requests together (DBF_BODY_MEMORY_BYTES): send fewer samples a "
+                "request, or raise that setting"
+            )
         if self.used + size > self.limit:
             raise Overloaded(
                 f"{self.used} bytes of request bodies buffered, the most this service holds at once "

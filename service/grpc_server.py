@@ -23,13 +23,14 @@ from typing import Any
 import grpc
 from google.protobuf import descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection, reflection_pb2
+from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 from pydantic import SecretStr
 
 from service import grpc_codec, metrics
 from service.auth import TWICE, bearer_token, verify_token
 from service.dataplane import BodyBudget, DataPlane
 from service.errors import RequestTimeout, ServiceError, Unauthorized
+from service.grpc_reads import BoundedServer, MessageReads
 from service.proto import grpc_predict_v2_pb2 as pb
 from service.repository import message_limit
 from service.settings import Settings
@@ -54,6 +55,9 @@ STATUS = {
 # INLINE_BODY_BYTES is sized for: up to here a fraction of a millisecond, less than the codec thread's hop.
 INLINE_MESSAGE_BYTES = 1 << 20
 
+# Calls open at once on one connection, as nginx's and Envoy's HTTP/2 defaults are of this order.
+STREAMS_PER_CONNECTION = 128
+
 Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
 
@@ -67,7 +71,7 @@ class _Held:
         self.budget, self.message = budget, message
 
     async def __aenter__(self) -> grpc_codec.Message:
-        self.budget.reserve(len(self.message))
+        self.budget.reserve(len(self.message), body=len(self.message))
         return self.message
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -117,8 +121,9 @@ class InferenceServicer:
         return await plane.serve(grpc_codec, name, version, headers, held, batch_delay=delay)
 
     def method_handlers(self) -> dict[str, grpc.RpcMethodHandler]:
-        """The service's method handlers by name, each behind :func:`_answering`, requests and answers as
-        bytes (the messages read by :func:`_typed`, ModelInfer's by :meth:`model_infer`)."""
+        """The service's method handlers by name, requests and answers as bytes (the messages read by
+        :func:`_typed`, ModelInfer's by :meth:`model_infer`); the server puts them behind its message reads
+        and :func:`_answering` (:class:`service.grpc_reads.BoundedServer`)."""
         unary = grpc.unary_unary_rpc_method_handler
         typed = {
             "ServerLive": (self.server_live, pb.ServerLiveRequest),
@@ -127,10 +132,8 @@ class InferenceServicer:
             "ModelReady": (self.model_ready, pb.ModelReadyRequest),
             "ModelMetadata": (self.model_metadata, pb.ModelMetadataRequest),
         }
-        methods = {
-            name: unary(_answering(_typed(method, request))) for name, (method, request) in typed.items()
-        }
-        methods["ModelInfer"] = unary(_answering(self.model_infer))
+        methods = {name: unary(_typed(method, request)) for name, (method, request) in typed.items()}
+        methods["ModelInfer"] = unary(self.model_infer)
         return methods
 
 
@@ -158,6 +161,8 @@ def _answering(method: Handler) -> Handler:
             return await method(request, context)
         except asyncio.CancelledError:  # the client went away, or its deadline passed, mid-call
             metrics.ERRORS.labels(reason="client_disconnected").inc()
+            raise
+        except grpc.aio.AbortError:  # a status the method set itself (health's NOT_FOUND)
             raise
         except ServiceError as error:
             code = STATUS.get(error.type)
@@ -314,16 +319,27 @@ async def start(plane: DataPlane, settings: Settings, version: str) -> GrpcFront
         # flood of sockets that only say hello holds the process's file descriptors, probes' included).
         ("grpc.max_connection_idle_ms", _int32(settings.idle_timeout_seconds * 1000)),
         ("grpc.max_allowed_incoming_connections", _int32(settings.max_connections)),
+        # HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS (gRPC sends none unless asked): a client opens at most
+        # so many calls on one connection, and queues the others itself.
+        ("grpc.max_concurrent_streams", STREAMS_PER_CONNECTION),
     ]
     key = settings.api_key
     server = grpc.aio.server(options=options, interceptors=() if key is None else (KeyFirst(key),))
+    reads = MessageReads(
+        slots=settings.body_memory_bytes // limit,
+        max_waiting=settings.max_in_flight,
+        timeout=settings.body_timeout_seconds,
+        retry_after=settings.retry_after_seconds,
+    )
+    bounded = BoundedServer(server, reads, _answering)
     methods = InferenceServicer(plane, version).method_handlers()
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(grpc_codec.SERVICE, methods),))
+    bounded.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(grpc_codec.SERVICE, methods),))
     health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, bounded)
     services = (grpc_codec.SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME)
-    reflection.enable_server_reflection(services, server, pool=_described())
-    server.add_generic_rpc_handlers((NotServed(methods),))  # last: what no other handler serves
+    reflection_servicer = reflection.aio.ReflectionServicer(services, pool=_described())
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection_servicer, bounded)
+    server.add_generic_rpc_handlers((NotServed(methods),))  # last: what no other handler serves; never reads
     address = f"{_bracketed(settings.host)}:{settings.grpc_port}"
     server.add_insecure_port(address)  # RuntimeError if it cannot bind
     await server.start()

@@ -3,12 +3,16 @@ list, reasons from the error types; nothing per request."""
 
 from __future__ import annotations
 
+import asyncio
+import math
 import os
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+import anyio
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
@@ -257,6 +261,34 @@ def _exists(pid: int) -> bool:
     except PermissionError:  # there, but another user's
         pass
     return True
+
+
+RENDER_INTERVAL = 0.1
+"""Seconds between two renderings of the metrics text, at least: a tenth of a core at most for scrapes,
+a tenth of a second at most added to one (Prometheus scrapes every few seconds)."""
+
+
+class Exposition:
+    """The metrics text for scrapes: rendered at most every ``min_interval`` seconds, yet every caller gets
+    a rendering begun after it asked (never figures from before its request). Rendering holds the GIL
+    (every series, in Python): scrapes in a flood wait their turn, costing no thread, and share renders,
+    rather than each stall the event loop that serves predictions and probes."""
+
+    def __init__(self, *, min_interval: float) -> None:
+        self.min_interval = min_interval
+        self._lock = asyncio.Lock()
+        self._started = -math.inf
+        self._text = b""
+
+    async def text(self) -> bytes:
+        asked = time.monotonic()
+        async with self._lock:
+            if self._started >= asked:  # a rendering begun since this scrape asked, done while it waited
+                return self._text
+            await asyncio.sleep(self._started + self.min_interval - time.monotonic())
+            self._started = time.monotonic()
+            self._text = await anyio.to_thread.run_sync(exposition)
+            return self._text
 
 
 def exposition() -> bytes:

@@ -530,7 +530,13 @@ def _options(settings: Settings) -> onnxruntime.SessionOptions:
     options.intra_op_num_threads = settings.onnx_threads
     options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # idle threads must not burn CPU
+    # A head's tensors stored outside its file would be read from the working directory, where no checksum
+    # covers them: looked for where nothing can be (nothing is below a device file), they are refused.
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path", NO_FOLDER)
     return options
+
+
+NO_FOLDER = "/dev/null/external-data"
 
 
 def _session(file: Path, content: bytes, settings: Settings, provider: str) -> onnxruntime.InferenceSession:
@@ -538,6 +544,11 @@ def _session(file: Path, content: bytes, settings: Settings, provider: str) -> o
     try:
         return onnxruntime.InferenceSession(content, _options(settings), providers=providers)
     except Exception as error:  # onnxruntime raises its own exception types for unloadable graphs
+        if NO_FOLDER in str(error):
+            raise ModelLoadError(
+                f"{file}: keeps tensors in another file (ONNX external data), which the manifest's checksum "
+                "does not cover: a head is one self-contained file"
+            ) from None
         raise ModelLoadError(f"{file}: onnxruntime cannot load it: {error}") from error
 
 
@@ -589,6 +600,12 @@ def _check_signature(session: onnxruntime.InferenceSession, file: Path, dim: int
     return names
 
 
+PROBE_SECONDS = 10.0
+"""The longest a head may take on its probe batch at load (onnxruntime's run is told to terminate then):
+a head answers 2 samples in milliseconds, and one that never returns would hold the start, or a reload,
+for ever."""
+
+
 def _check_probe(
     session: onnxruntime.InferenceSession, file: Path, dim: int, classes: int, outputs: list[str]
 ) -> None:
@@ -597,10 +614,22 @@ def _check_probe(
     that takes no batch of two, that gives negative or non-finite evidence, or a range excess not one
     non-negative number per sample, is refused here, not served."""
     probe = np.zeros((2, dim), dtype=np.float32)
+    options = onnxruntime.RunOptions()
+    options.log_severity_level = 4  # onnxruntime's own error line: the refusal below says it, and which file
+    timer = threading.Timer(PROBE_SECONDS, setattr, (options, "terminate", True))
+    timer.daemon = True
+    timer.start()
     try:
-        evidence, *excess = session.run(outputs, {"features": probe})
+        evidence, *excess = session.run(outputs, {"features": probe}, options)
     except Exception as error:  # onnxruntime raises its own exception types
+        if options.terminate:
+            raise ModelLoadError(
+                f"{file}: a probe batch of 2 samples of zeros did not finish within {PROBE_SECONDS:g} s: a "
+                "graph that loops, or computes far more than a head does"
+            ) from None
         raise ModelLoadError(f"{file}: fails on a probe batch of 2 samples of zeros: {error}") from error
+    finally:
+        timer.cancel()
     if evidence.shape != (2, classes):
         raise ModelLoadError(
             f"{file}: gives evidence of shape {evidence.shape} for 2 samples; manifest says (2, {classes})"

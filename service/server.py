@@ -444,10 +444,11 @@ class ConnectionAnswers:
 _CLOSE = (b"connection", b"close")
 
 
-# The headers that say how to read a body (Content-Length: the parser's). Given twice, the server and a proxy
-# before it could each take another and read different requests.
+# The headers that say how to read a body (Content-Length: the parser's), and Host (RFC 9112 section 3.2:
+# twice is a 400). Given twice, the server and a proxy before it could each take another and read different
+# requests, or route one to another virtual host.
 _FRAMING = frozenset(
-    (b"transfer-encoding", b"content-encoding", b"content-type", b"inference-header-content-length")
+    (b"transfer-encoding", b"content-encoding", b"content-type", b"inference-header-content-length", b"host")
 )
 
 

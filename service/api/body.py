@@ -53,7 +53,7 @@ class Received:
 
     def _reserve(self, size: int) -> None:
         if size > self.reserved:
-            self.plane.bodies.reserve(size - self.reserved)
+            self.plane.bodies.reserve(size - self.reserved, body=size)
             self.reserved = size
 
     def _keep(self, size: int) -> None:

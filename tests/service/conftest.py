@@ -137,11 +137,14 @@ def in_range_samples(
     ]
 
 
-def start_and_fail(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run ``python -m service ARGS`` on a free port, expecting it to refuse to start; returns the process."""
+def start_and_fail(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    """Run ``python -m service ARGS`` on a free port (in ``cwd``, default this one), expecting it to refuse
+    to start; returns the process."""
     command = [sys.executable, "-m", "service", "--port", str(free_port()), *args]
     return subprocess.run(
-        command, capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})}
+        command, capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})}, cwd=cwd
     )
 
 

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 
+import httpx
 import numpy as np
 import pytest
 
@@ -87,17 +92,21 @@ def test_the_key_retries_and_errors_a_user_handles():
     from tests.service.conftest import free_port
 
     one = {"image": np.zeros(1024, np.float32), "text": np.zeros(300)}
-    with serving(MODELS / "cub", api_key="s3cret", body_memory_bytes=1024, retry_after_seconds=0) as base:
+    budget = 40_000
+    with serving(MODELS / "cub", api_key="s3cret", body_memory_bytes=budget, retry_after_seconds=0) as base:
         with Client(base) as keyless:
             with pytest.raises(DBFError) as refused:
                 keyless.predict(one)
             assert refused.value.status == 401
         overloaded = {"overloaded": 0}
-        with Client(
-            base, api_key="s3cret", retries=2, event_hooks={"response": [_count(overloaded)]}
-        ) as client:
+        with (
+            Client(
+                base, api_key="s3cret", retries=2, event_hooks={"response": [_count(overloaded)]}
+            ) as client,
+            _upload_held(base, budget - 5_000, "s3cret"),  # the budget's rest is less than a sample's body
+        ):
             assert client.models()["default"] == "cub"
-            with pytest.raises(DBFError) as shed:  # its body (about 20 KB) is over the 1 KiB budget
+            with pytest.raises(DBFError) as shed:
                 client.predict(one)
         error = shed.value
         assert (error.status, error.type, error.retry_after, overloaded["overloaded"]) == (
@@ -115,6 +124,31 @@ def test_the_key_retries_and_errors_a_user_handles():
         )
     with Client(f"http://127.0.0.1:{free_port()}", timeout=2) as nobody:
         assert nobody.ready() is False
+
+
+@contextlib.contextmanager
+def _upload_held(base: str, declared: int, key: str) -> Iterator[None]:
+    """A predict request that declares ``declared`` bytes of body and sends one, held open: the service
+    reserves the declared length in its body budget as the body starts (until it times out). Yields once
+    a one-sample request is shed for it."""
+    host, port = base.removeprefix("http://").split(":")
+    head = (
+        f"POST /v1/models/cub/predict HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {declared}\r\n\r\n{{"
+    )
+    probe = {"samples": [{"views": {"image": [0.0] * 1024, "text": [0.0] * 300}}]}
+    with socket.create_connection((host, int(port)), timeout=30) as held:
+        held.sendall(head.encode())
+        for _ in range(200):  # the hold is in once the service has read its head (another connection)
+            answer = httpx.post(
+                f"{base}/v1/models/cub/predict", json=probe, headers={"Authorization": f"Bearer {key}"}
+            )
+            if answer.status_code == 503:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"a one-sample request was never shed beside the held upload: {answer.text}")
+        yield
 
 
 def _count(counts: dict[str, int]):

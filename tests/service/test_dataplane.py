@@ -12,7 +12,7 @@ import pytest
 
 from service import runtime
 from service.dataplane import INLINE_PREDICT_FEATURES, BodyBudget, DataPlane
-from service.errors import InvalidInput, ModelNotFound, NotReady, Overloaded
+from service.errors import InvalidInput, ModelNotFound, NotReady, Overloaded, PayloadTooLarge
 from service.inference import InferenceRequest
 from service.repository import CUDA, load_repository
 from service.settings import Settings
@@ -72,13 +72,24 @@ def test_requests_past_the_in_flight_limit_are_shed_with_retry_after():
 
 def test_the_body_budget_sheds_past_its_limit_and_gives_back():
     budget = BodyBudget(100, retry_after=1)
-    budget.reserve(60)
+    budget.reserve(60, body=60)
     with pytest.raises(Overloaded, match="DBF_BODY_MEMORY_BYTES"):
-        budget.reserve(41)
-    budget.reserve(40)
+        budget.reserve(41, body=41)
+    budget.reserve(40, body=40)
     budget.release(100)
-    budget.reserve(100)
+    budget.reserve(100, body=100)
     assert budget.used == 100
+
+
+def test_a_body_larger_than_the_whole_budget_is_too_large_not_overloaded():
+    """A body the budget cannot hold even with nothing else held: no retry can help, so 413 rather than
+    503 with Retry-After (the shapes probe's 512-sample request to a 20,000-wide model got the 503 on an
+    idle service, every retry)."""
+    budget = BodyBudget(100, retry_after=1)
+    budget.reserve(60, body=60)
+    with pytest.raises(PayloadTooLarge, match="more than the 100 that this service holds at once"):
+        budget.reserve(41, body=101)  # a body read in pieces: its total so far decides
+    assert budget.used == 60
 
 
 @pytest.mark.parametrize("batching", [True, False])

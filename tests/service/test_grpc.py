@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import socket
 import threading
@@ -306,13 +307,17 @@ def test_a_message_over_the_body_limit_is_resource_exhausted(guarded, triton):
     assert answer["error"][0] == "RESOURCE_EXHAUSTED"
 
 
-def test_past_the_body_budget_a_call_is_unavailable_with_rests_message(guarded, triton):
+def test_a_message_larger_than_the_whole_body_budget_is_resource_exhausted_as_rest(guarded, triton):
     url, address = guarded
     key = {"authorization": f"Bearer {KEY}"}
     given = {"pix": np.zeros((10, 240), np.float32)}  # 9.6 KB, over DBF_BODY_MEMORY_BYTES 8 KiB
     answer = triton.submit(grpc_clients.triton_infer, address, "handwritten", given, headers=key).result()
-    assert answer["error"] == rest(url, "handwritten", given, headers=key)["error"]
-    assert answer["error"][0] == "UNAVAILABLE"
+    code, message = answer["error"]
+    rest_code, rest_message = rest(url, "handwritten", given, headers=key)["error"]
+    sized = re.compile(r"a body of \d+ bytes")  # the message's bytes, or the body's: their own sizes
+    assert (code, sized.sub("", message)) == (rest_code, sized.sub("", rest_message))
+    assert code == "RESOURCE_EXHAUSTED"
+    assert "more than the 8192 that this service holds at once" in message
 
 
 # --- kserve's InferenceGRPCClient -------------------------------------------------------------------------
@@ -635,6 +640,78 @@ def test_idle_connections_close_and_their_number_is_capped():
         for sock in sockets:
             sock.close()
     assert at_once == 20
+
+
+def test_messages_are_read_a_few_at_a_time_each_within_the_body_timeout():
+    """gRPC reads a unary call's message as soon as the call starts, outside the body budget: the attack
+    probe held 900 calls each one byte short of a 6.8 MB message, and the service grew from 221 MiB to 6 GB.
+    Now a call asks for its message in a read slot (``DBF_BODY_MEMORY_BYTES`` over the message limit, here
+    one), waits for a slot only while fewer than ``DBF_MAX_IN_FLIGHT`` calls wait (UNAVAILABLE past them),
+    and its message must be in within ``DBF_BODY_TIMEOUT_SECONDS`` (DEADLINE_EXCEEDED). Connections say how
+    many calls they may carry at once (HTTP/2 ``SETTINGS_MAX_CONCURRENT_STREAMS``; gRPC sends none
+    unasked). Four calls that never send their message: one reads, two wait, one is refused."""
+    port = free_port()
+    env = {"DBF_BODY_MEMORY_BYTES": "1024", "DBF_MAX_IN_FLIGHT": "2", "DBF_BODY_TIMEOUT_SECONDS": "1"}
+    with service_process("--model-dir", str(MODELS / "handwritten"), "--grpc-port", str(port), env=env):
+        ended = asyncio.run(_calls_without_their_message(f"127.0.0.1:{port}", 4))
+        settings = _server_settings(port)
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:  # the slots are free again
+            metadata = channel.unary_unary(
+                "/inference.GRPCInferenceService/ModelMetadata",
+                request_serializer=pb.ModelMetadataRequest.SerializeToString,
+                response_deserializer=pb.ModelMetadataResponse.FromString,
+            )(pb.ModelMetadataRequest(name="handwritten"), timeout=30)
+    assert sorted(ended) == [
+        ("DEADLINE_EXCEEDED", "the request message did not arrive within 1 s (DBF_BODY_TIMEOUT_SECONDS)"),
+    ] * 3 + [
+        (
+            "UNAVAILABLE",
+            "2 calls are waiting to send their messages, the most this service queues (DBF_MAX_IN_FLIGHT); "
+            "retry later",
+        )
+    ]
+    assert settings[_MAX_CONCURRENT_STREAMS] == 128
+    assert metadata.name == "handwritten"
+
+
+async def _calls_without_their_message(address: str, calls: int) -> list[tuple[str, str]]:
+    """How each of ``calls`` concurrent ModelInfer calls that never send a message ends: (code, details)."""
+    never = asyncio.Event()
+
+    async def nothing() -> Any:
+        await never.wait()
+        yield b""
+
+    async with grpc.aio.insecure_channel(address) as channel:
+        infer = channel.stream_unary("/inference.GRPCInferenceService/ModelInfer")
+        pending = [infer(nothing(), timeout=30) for _ in range(calls)]
+        ended = []
+        for call in pending:
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                await call
+            ended.append((error.value.code().name, error.value.details()))
+        return ended
+
+
+_MAX_CONCURRENT_STREAMS = 0x3
+
+
+def _server_settings(port: int) -> dict[int, int]:
+    """The SETTINGS the gRPC server sends first on a new HTTP/2 connection (RFC 9113 section 6.5)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000"))
+        received = b""
+        while len(received) < 9 or len(received) < 9 + int.from_bytes(received[:3], "big"):
+            chunk = sock.recv(65536)
+            assert chunk, "the server closed the connection before its SETTINGS"
+            received += chunk
+    length, kind = int.from_bytes(received[:3], "big"), received[3]
+    assert kind == 0x4, f"the first frame is of type {kind}, not SETTINGS"
+    payload = received[9 : 9 + length]
+    return {
+        int.from_bytes(payload[i : i + 2], "big"): int.from_bytes(payload[i + 2 : i + 6], "big")
+        for i in range(0, length, 6)
+    }
 
 
 def _closed_by_peer(sock: socket.socket) -> bool:

@@ -1,6 +1,10 @@
-"""Bulk histogram observation gives exactly what one ``observe`` per value gives."""
+"""Bulk histogram observation gives exactly what one ``observe`` per value gives; scrapes share renderings
+of the metrics text, never one from before they asked."""
 
 from __future__ import annotations
+
+import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -8,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram
 
+from service import metrics
 from service.metrics import observe_many
 
 BUCKETS = (0.05, 0.1, 0.5, 1.0)
@@ -51,3 +56,26 @@ def test_observe_many_equals_observe_one_by_one(per_histogram):
             assert got[key] == pytest.approx(value, abs=1e-9, nan_ok=True), key
         else:
             assert got[key] == value, key
+
+
+def test_a_flood_of_scrapes_shares_renderings_none_from_before_it_asked(monkeypatch):
+    """Rendering the text holds the GIL (13 ms for the committed models' series): the attack probe's 77
+    scrapes a second, each rendered, took /health's p99 from 7 to 280 ms. 50 scrapes at once share one
+    rendering, begun after they all asked; a scrape after it gets a new one, at least the interval later."""
+    began: list[float] = []
+
+    def render() -> bytes:
+        began.append(time.monotonic())
+        return str(len(began)).encode()
+
+    monkeypatch.setattr(metrics, "exposition", render)
+
+    async def scrapes() -> tuple[list[bytes], bytes]:
+        exposition = metrics.Exposition(min_interval=0.1)
+        flood = await asyncio.gather(*(exposition.text() for _ in range(50)))
+        return flood, await exposition.text()
+
+    flood, later = asyncio.run(scrapes())
+    assert flood == [b"1"] * 50
+    assert later == b"2"
+    assert began[1] - began[0] >= 0.1

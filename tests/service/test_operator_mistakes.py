@@ -18,7 +18,7 @@ from tests.service.conftest import running_service, start_and_fail
 from tests.service.test_service import HANDWRITTEN_DIMS, zeros_sample
 
 onnx = pytest.importorskip("onnx")
-from onnx import TensorProto, helper  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 BODY = {"samples": [zeros_sample(**HANDWRITTEN_DIMS)]}
@@ -70,6 +70,41 @@ def any_dim_head(dim: int, classes: int = 10, *, excess: float | None = None) ->
     ]
     declared = helper.make_tensor_value_info("range_excess", TensorProto.FLOAT, ["N"])
     return onnx_head(nodes, constants, dim=dim, classes=classes, more=[declared])
+
+
+def endless_head(dim: int, classes: int = 10) -> bytes:
+    """A head whose evidence (ones) waits for a Loop of 2**63 - 1 turns, its result multiplied by 0."""
+    scalar = helper.make_tensor_value_info
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["going_in"], ["going_out"]),
+            helper.make_node("Add", ["count_in", "step"], ["count_out"]),
+        ],
+        "turn",
+        [
+            scalar("turn", TensorProto.INT64, []),
+            scalar("going_in", TensorProto.BOOL, []),
+            scalar("count_in", TensorProto.FLOAT, []),
+        ],
+        [scalar("going_out", TensorProto.BOOL, []), scalar("count_out", TensorProto.FLOAT, [])],
+        [helper.make_tensor("step", TensorProto.FLOAT, [], [1.0])],
+    )
+    constants = [
+        helper.make_tensor("turns", TensorProto.INT64, [], [2**63 - 1]),
+        helper.make_tensor("going", TensorProto.BOOL, [], [True]),
+        helper.make_tensor("start", TensorProto.FLOAT, [], [0.0]),
+        helper.make_tensor("zeros", TensorProto.FLOAT, [classes], [0.0] * classes),
+        helper.make_tensor("ones", TensorProto.FLOAT, [classes], [1.0] * classes),
+        helper.make_tensor("axis", TensorProto.INT64, [1], [1]),
+    ]
+    nodes = [
+        helper.make_node("Loop", ["turns", "going", "start"], ["count"], body=body),
+        helper.make_node("ReduceSum", ["features", "axis"], ["total"], keepdims=1),
+        helper.make_node("Mul", ["total", "zeros"], ["nothing"]),
+        helper.make_node("Mul", ["nothing", "count"], ["still_nothing"]),
+        helper.make_node("Add", ["still_nothing", "ones"], ["evidence"]),
+    ]
+    return onnx_head(nodes, constants, dim=dim, classes=classes)
 
 
 def onnx_head(nodes: list, initializers: list, *, dim: int, classes: int, more: list = ()) -> bytes:
@@ -128,6 +163,12 @@ BAD_HEADS = {  # the HandWritten view 'mor' (dim 6, 10 classes)
         "gives evidence of shape (2, 11) for 2 samples; manifest says (2, 10)",
     ),
     "negative evidence": (head(6, 10, bias=-1.0), "gives negative or non-finite evidence"),
+    # Before, the start hung for ever, deaf to SIGTERM, naming no file; a reload blamed a network mount.
+    "never done": (
+        endless_head(6),
+        "a probe batch of 2 samples of zeros did not finish within 10 s: a graph that loops, or computes "
+        "far more than a head does",
+    ),
     "negative range excess": (
         any_dim_head(6, excess=-1.0),
         "gives range_excess of shape (2,) for 2 samples of zeros, starting [-1.0, -1.0]; a head's is one "
@@ -155,6 +196,32 @@ def test_a_head_that_misbehaves_on_a_probe_batch_stops_the_service(tmp_path, cas
     done = start_and_fail("--model-dir", str(tmp_path / "handwritten"))
     assert done.returncode != 0
     assert f"{file}: {message}" in done.stderr, done.stderr[-2000:]
+
+
+def test_a_head_with_its_tensors_in_another_file_stops_the_service(tmp_path):
+    """ONNX external data was read from the service's working directory, where no checksum covers it: the
+    attack probe swapped that file and the answers changed with every checksum still matching."""
+    shutil.copytree(MODELS / "handwritten", tmp_path / "handwritten")
+    split = tmp_path / "split"
+    split.mkdir()
+    model = onnx.load_from_string(head(6, 10))
+    raw = [numpy_helper.from_array(numpy_helper.to_array(t), t.name) for t in model.graph.initializer]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(raw)  # raw bytes: what ONNX moves to another file
+    onnx.save_model(
+        model,
+        split / "mor.onnx",
+        save_as_external_data=True,
+        location="weights.bin",
+        size_threshold=0,
+    )
+    file = with_head(tmp_path / "handwritten", "mor", (split / "mor.onnx").read_bytes())
+    done = start_and_fail("--model-dir", str(tmp_path / "handwritten"), cwd=split)  # weights.bin is there
+    assert done.returncode != 0
+    expected = (
+        "keeps tensors in another file (ONNX external data), which the manifest's checksum does not cover"
+    )
+    assert f"{file}: {expected}" in done.stderr, done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("case", sorted(BAD_NUMBERS))

@@ -41,9 +41,10 @@ async def ready(request: Request) -> JSONResponse:
     response_class=Response,
     **documented({"description": "Prometheus exposition format", "content": {"text/plain": {}}}),
 )
-def prometheus_metrics() -> Response:
+async def prometheus_metrics(request: Request) -> Response:
     """Prometheus exposition format."""
-    return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+    exposition: metrics.Exposition = request.app.state.exposition
+    return Response(await exposition.text(), media_type=CONTENT_TYPE_LATEST)
 
 
 @open_inference.get("", **documented(ok("ServerMetadata")))
