@@ -470,7 +470,9 @@ def _add_fit_training(own: argparse.ArgumentParser) -> None:
         type=_minutes,
         default=Budget.seconds / 60,
         help="stop training after this long, keeping the best epoch's heads; two candidate heads get half "
-        f"each (default {Budget.seconds / 60:g})",
+        "each; the calibrations' cross-fitting, and heads trained again where a weak view outvotes the "
+        "others, get as long again each, so a fit can take up to 4 times this, and its evaluation besides "
+        f"(default {Budget.seconds / 60:g})",
     )
     own.add_argument(
         "--hidden",

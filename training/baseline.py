@@ -147,11 +147,18 @@ class Comparison:
             for name, rate in neglected[:_NEGLECTED_SHOWN]
         )
         more = f" and {len(neglected) - _NEGLECTED_SHOWN} more" if len(neglected) > _NEGLECTED_SHOWN else ""
+        sizes = [rate.total for rate in self.classes.values() if rate.total]
+        rarer = np.mean([rate.total for _, rate in neglected]) < np.mean(sizes)
+        why = (
+            "it favours the commonest classes; more samples of these, `--class-weighting balanced` to weigh "
+            "each class's samples as much in all, or `--hidden` for heads that fit more, may help"
+            if rarer
+            else "they are no rarer than the others, but harder to tell apart with these views: more samples "
+            "of them, or `--hidden` for heads that fit more, may help"
+        )
         return [
             f"the fused model is right on {self.fused.value:.1%} of test samples, but far less often on "
-            f"{len(neglected)} of the {len(self.classes)} classes ({shown}{more}): it favours the commonest "
-            "classes; more samples of these, `--class-weighting balanced` to weigh each class's samples as "
-            "much in all, or `--hidden` for heads that fit more, may help"
+            f"{len(neglected)} of the {len(self.classes)} classes ({shown}{more}): {why}"
         ]
 
 

@@ -50,6 +50,7 @@ __all__ = [
     "Samples",
     "conflictive_copy",
     "copies_in_test",
+    "squeezed_features",
     "draw_conflicts",
     "evaluation_sets",
     "make_conflictive",
@@ -592,6 +593,40 @@ def evaluation_sets(
         conflictive=sets,
         everything=samples(np.arange(data.num_samples)),
     )
+
+
+SQUEEZE = 0.01
+"""A feature is squeezed when the middle 98% of its training values spans less than this share of its
+min-max range: a few outliers stretch the range, and scaled to [0, 1] the rest is a sliver."""
+
+
+def squeezed_features(sets: EvaluationSets, *, rows: int = 2000) -> dict[str, tuple[int, int]]:
+    """Per view with any, how many of its features are squeezed by outliers (:data:`SQUEEZE`), and how
+    many it has, on up to ``rows`` training samples (evenly spaced). A feature whose middle 98% is one
+    value (sparse counts, a rare flag) is not squeezed: its bulk is a point, not a range to resolve.
+
+    >>> spikes = np.linspace(0, 0.001, 1000)
+    >>> spikes[::200] = 1.0  # 0.5% of the samples far out
+    >>> sensor = np.stack([spikes, np.linspace(0, 1, 1000)], axis=1).astype(np.float32)
+    >>> labels = np.arange(1000) % 2
+    >>> data = MultiViewData(views={"sensor": sensor}, labels=labels, class_names=("a", "b"), name="toy")
+    >>> squeezed_features(evaluation_sets(data, seed=0))
+    {'sensor': (1, 2)}
+    """
+    train = sets.train
+    picked = train.rows[np.linspace(0, len(train) - 1, min(rows, len(train))).astype(np.int64)]
+    present = None if sets.present is None else sets.present[picked]
+    found = {}
+    for v, (name, matrix) in enumerate(sets.views.items()):
+        block = np.asarray(matrix[picked if present is None else picked[present[:, v]]], dtype=np.float64)
+        if block.shape[0] < 100:  # too few for a 1st and 99th percentile
+            continue
+        low, high = np.quantile(block, [0.01, 0.99], axis=0)
+        middle = high - low
+        squeezed = int(((middle > 0) & (middle < SQUEEZE)).sum())
+        if squeezed:
+            found[name] = (squeezed, block.shape[1])
+    return found
 
 
 def copies_in_test(sets: EvaluationSets) -> int:

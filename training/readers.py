@@ -784,7 +784,8 @@ def _check_block(block: np.ndarray, *, where: str, offset: int) -> None:
         column = int(np.argmax(nan[row]))
         raise DataError(
             f"{where} row {offset + row}: NaN in column {column} among numbers; a missing view is a row "
-            "of NaN (or a null), not a partial one"
+            "of NaN (or a null), not a partial one: fill in the missing numbers (e.g. each column's mean "
+            "over the training samples), or blank the whole row"
         )
     infinite = np.isinf(block)
     if infinite.any():

@@ -16,7 +16,7 @@ from training.crossfit import CrossFitted
 from training.data import MultiViewData
 from training.evaluate import Evaluation
 from training.export import provenance
-from training.protocol import EvaluationSets, copies_in_test
+from training.protocol import SQUEEZE, EvaluationSets, copies_in_test, squeezed_features
 from training.train import EarlyStopping, History, TrainConfig
 
 __all__ = ["FitReport"]
@@ -81,7 +81,15 @@ class FitReport:
         folds = [] if self.cross_fitted is None else self.cross_fitted.warnings()
         flag = self.post_hoc.flag_warnings(self.test)
         fused = self.comparison.warnings()
-        return self._still_improving() + fused + self.post_hoc.warnings() + flag + self._copies() + folds
+        return (
+            self._still_improving()
+            + fused
+            + self._squeezed()
+            + self.post_hoc.warnings()
+            + flag
+            + self._copies()
+            + folds
+        )
 
     def _still_improving(self) -> list[str]:
         """A run that the epoch cap or the time limit ended while its validation loss still improved."""
@@ -92,6 +100,17 @@ class FitReport:
         return [
             f"the {limit} ended training after {history.epochs} epochs while the validation loss was still "
             f"improving (best epoch {history.best_epoch}): the model may be underfitted; raise `{option}`"
+        ]
+
+    def _squeezed(self) -> list[str]:
+        """Views whose features a few outliers stretch: scaled to [0, 1], the rest of each is a sliver."""
+        return [
+            f"`{view}`: in {squeezed} of its {features} features the middle 98% of the training values "
+            f"spans less than {SQUEEZE:.0%} of their range, which a few outliers stretch; scaled to that "
+            "range, the rest is squeezed into a sliver the heads can hardly tell apart: clip such features "
+            "to their usual range (e.g. the 1st and 99th percentiles) or transform them (a logarithm, "
+            "ranks) before fitting, and the same in every request"
+            for view, (squeezed, features) in squeezed_features(self.sets).items()
         ]
 
     def _copies(self) -> list[str]:
