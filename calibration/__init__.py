@@ -57,7 +57,12 @@ from calibration.conformal import (
 )
 from calibration.folds import cross_validation_folds
 from calibration.model import ModelCalibration
-from calibration.reliability import ReliabilityDiagram, expected_calibration_error, reliability_diagram
+from calibration.reliability import (
+    ReliabilityDiagram,
+    ece_noise,
+    expected_calibration_error,
+    reliability_diagram,
+)
 
 __all__ = [
     # confidence
@@ -95,6 +100,7 @@ __all__ = [
     # reliability and folds
     "ReliabilityDiagram",
     "cross_validation_folds",
+    "ece_noise",
     "expected_calibration_error",
     "reliability_diagram",
 ]

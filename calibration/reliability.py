@@ -106,4 +106,24 @@ def expected_calibration_error(
     return reliability_diagram(confidence, correct, bins=bins).expected_calibration_error
 
 
-__all__ = ["ReliabilityDiagram", "expected_calibration_error", "reliability_diagram"]
+def ece_noise(confidence: npt.ArrayLike, /, *, bins: int = 15, draws: int = 1000, seed: int = 0) -> float:
+    """The ECE that a perfectly calibrated ``confidence`` (N,) exceeds one time in 20 on these N samples
+    (each right with probability its confidence, ``draws`` simulations): how small an ECE they can tell
+    from sampling noise. On few samples it is large; an ECE below it says nothing either way.
+
+    Examples
+    --------
+    >>> confidence = np.linspace(0.5, 1.0, 60)
+    >>> ece_noise(confidence) > ece_noise(np.tile(confidence, 100)) * 5
+    True
+    """
+    confidence = np.asarray(confidence, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    values = [
+        expected_calibration_error(confidence, rng.random(confidence.size) < confidence, bins=bins)
+        for _ in range(draws)
+    ]
+    return float(np.quantile(values, 0.95))
+
+
+__all__ = ["ReliabilityDiagram", "ece_noise", "expected_calibration_error", "reliability_diagram"]

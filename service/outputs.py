@@ -224,7 +224,8 @@ OUTPUTS: tuple[Output, ...] = (
     ),
     Output(
         "confidence",
-        "calibrated probability that the label is right, fitted on the model's clean validation data "
+        "calibrated probability that the label is right, fitted on clean samples the heads did not train "
+        "on (the validation split, or on small data out-of-fold evidence of every non-test sample) "
         "(null for a model without calibration, and where a fusion other than the model's answers another "
         "label than the model's own would; NaN in binary and gRPC tensors)",
         Tensor("FP32", _scalar, _as("confidence", "FP32")),
@@ -233,8 +234,10 @@ OUTPUTS: tuple[Output, ...] = (
     ),
     Output(
         "prediction_set",
-        "the classes that remain plausible: the set holds the true class for at least the answer's "
-        "coverage of samples like the clean validation data (v1: class indices, v2: membership per class)",
+        "the classes that remain plausible: the set holds the true class for the answer's coverage of "
+        "samples like the clean calibration samples (at least that, by split conformal's guarantee, where "
+        "they were the validation split; about that where cross-fitted; the model card says which) (v1: "
+        "class indices, v2: membership per class)",
         Tensor("BOOL", _classes, _as("prediction_set", "BOOL")),
         Field(list[int] | None, _if_calibrated(_set_members)),
         calibrated=True,

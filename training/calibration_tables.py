@@ -79,17 +79,12 @@ def calibration_tables(
     )
 
 
-def _ece_noise(section, test: FusedSplit, draws: int = 1000) -> float:
+def _ece_noise(section, test: FusedSplit) -> float:
     """The ECE that a perfectly calibrated confidence, with the test samples' confidences, exceeds one time
-    in 20: how small an ECE this test split can tell from noise."""
-    from calibration import expected_calibration_error
+    in 20: how small an ECE this test split can tell from noise (:func:`calibration.ece_noise`)."""
+    from calibration import ece_noise
 
-    confidence = section.applied().confidence(test.clean.belief, test.clean.uncertainty)
-    rng = np.random.default_rng(0)
-    values = [
-        expected_calibration_error(confidence, rng.random(confidence.size) < confidence) for _ in range(draws)
-    ]
-    return float(np.quantile(values, 0.95))
+    return ece_noise(section.applied().confidence(test.clean.belief, test.clean.uncertainty))
 
 
 def _resplit_coverage(

@@ -194,6 +194,10 @@ def test_the_card_and_summary_compare_with_each_view_and_a_plain_model_with_inte
     assert re.search(rf"\| logistic regression on all views \| {PERCENT_AND_INTERVAL} \| 12 \|", card)
     assert re.search(rf"\| test \| {PERCENT_AND_INTERVAL} of 12 \| {PERCENT_AND_INTERVAL} of 12 \|", card)
     assert re.search(r"\| 0\.9 \| \d+\.\d% \[\d+\.\d, \d+\.\d\] \|", card)  # coverage, with its band
+    # The card's ECE is the manifest's (15 bins both; the card used 10), beside what noise alone gives.
+    ece = read_manifest(out).calibration.test.ece_confidence
+    assert f"has **ECE {ece:.3f}**, where a perfectly calibrated confidence would score up to 0." in card
+    assert "on these 12 samples (19 times in 20" in card
     summary = capsys.readouterr().out
     assert re.search(r"\(best view alone \d\.\d{3}, \w+; all-views logistic regression \d\.\d{3}\)", summary)
     assert re.search(r"test: \d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\] clean", summary)
@@ -845,6 +849,29 @@ def test_the_card_explains_coverage_above_its_range(empty, accuracy, cause):
         assert f"({accuracy:.1%} here, above the range)" in note
     else:
         assert "(mean size 2.40 at 0.8, 2.40 at 0.9)" in note
+
+
+def test_the_card_says_where_coverage_is_below_its_range():
+    """A rates probe's split-conformal model (3,300 samples) covered 71.0% at 0.8 on its test split,
+    below [74.5, 85.1], and the card claimed 'at least the coverage asked for' and said nothing more."""
+    from training.calibrate import CalibrationReport, SetFigures
+    from training.card import _under_covered
+    from training.metrics import coverage_band
+
+    report = CalibrationReport(
+        samples=660,
+        accuracy=0.8,
+        ece_projected=0.0,
+        ece_confidence=0.0,
+        reliability_projected=None,
+        reliability_confidence=None,
+        clean={0.8: SetFigures(0.71, 1.1, 0.05, 0.9), 0.9: SetFigures(0.9, 1.5, 0.0, 0.6)},
+    )
+    bands = {c: coverage_band(660, c, calibration=660) for c in (0.8, 0.9)}
+    note = _under_covered(report, bands)
+    assert "less often than asked, below the range: at 0.8, 71.0% (range [" in note
+    assert "at 0.9" not in note
+    assert _under_covered(report, {0.8: (0.70, 0.9), 0.9: bands[0.9]}) == ""
 
 
 def test_the_card_names_the_classes_the_sets_cover_less_often():
