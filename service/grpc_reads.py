@@ -7,7 +7,8 @@ wrapped (:meth:`MessageReads.bounded`) so that it asks for its messages itself, 
 waiting for a slot has asked for nothing, and holds at most the stream's small initial window. Reads in
 progress are ``DBF_BODY_MEMORY_BYTES`` over the message limit (at least one); calls waiting for a slot
 beyond ``DBF_MAX_IN_FLIGHT`` are refused (UNAVAILABLE, as REST's overload), and a message not in within
-``DBF_BODY_TIMEOUT_SECONDS`` ends its call (DEADLINE_EXCEEDED, as REST's 408).
+``DBF_BODY_TIMEOUT_SECONDS`` (checked a few times per timeout) ends its call (DEADLINE_EXCEEDED, as REST's
+408).
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ class MessageReads:
         self._slots = asyncio.Semaphore(max(1, slots))
         self.max_waiting, self.timeout, self.retry_after = max_waiting, timeout, retry_after
         self.waiting = 0
+        # Reads in progress and their deadlines, checked by one sweeping task: a timer per read
+        # (asyncio.timeout) cost one-sample calls 4% of their throughput.
+        self._reading: dict[asyncio.Task, float] = {}
+        self._expired: set[asyncio.Task] = set()
+        self._sweeper: asyncio.Task | None = None
 
     async def read(self, context: grpc.aio.ServicerContext) -> Any:
         """The call's next message as gRPC hands it over (bytes without a deserializer), or
@@ -37,15 +43,38 @@ class MessageReads:
             await self._wait_for_slot()
         else:
             await self._slots.acquire()  # free: returns at once
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        self._reading[task] = loop.time() + self.timeout
+        if self._sweeper is None:
+            self._sweeper = loop.create_task(self._sweep())
         try:
-            async with asyncio.timeout(self.timeout):
-                return await context.read()
-        except TimeoutError:
+            return await context.read()
+        except asyncio.CancelledError:
+            if task not in self._expired:  # the client went away, or the server stops
+                raise
+            self._expired.discard(task)
+            task.uncancel()
             raise RequestTimeout(
                 f"the request message did not arrive within {self.timeout:g} s (DBF_BODY_TIMEOUT_SECONDS)"
             ) from None
         finally:
+            del self._reading[task]
             self._slots.release()
+
+    async def _sweep(self) -> None:
+        """Cancel the reads past their deadline, a few times per timeout, while any is in progress."""
+        loop = asyncio.get_running_loop()
+        try:
+            while self._reading:
+                await asyncio.sleep(min(1.0, self.timeout / 4))
+                now = loop.time()
+                for task, deadline in list(self._reading.items()):
+                    if deadline <= now and task not in self._expired:
+                        self._expired.add(task)
+                        task.cancel()
+        finally:
+            self._sweeper = None
 
     async def _wait_for_slot(self) -> None:
         if self.waiting >= self.max_waiting:

@@ -4,10 +4,11 @@ app's lifespan), with ``grpc.health.v1`` (Kubernetes' gRPC probes) and server re
 
 Inference goes through the core's pipeline (:meth:`service.dataplane.DataPlane.serve`) with
 :mod:`service.grpc_codec`; the limits are REST's: a message of at most what ``DBF_MAX_SAMPLES`` samples take
-as tensors (:func:`service.repository.message_limit`; decompressed: gzip is gRPC's own), held in the body
-budget while it is served, ``DBF_MAX_SAMPLES``, the in-flight slots, the client's deadline (its
-cancellation frees the slot), ``DBF_API_KEY`` as ``authorization: Bearer <key>`` metadata, checked before
-the message is read (:class:`KeyFirst`). Domain errors become gRPC status codes here, with REST's messages
+as tensors (:func:`service.repository.message_limit`; decompressed: gzip is gRPC's own), read a few at a
+time within the body timeout (:mod:`service.grpc_reads`), held in the body budget while it is served,
+``DBF_MAX_SAMPLES``, the in-flight slots, the client's deadline (its cancellation frees the slot),
+``DBF_API_KEY`` as ``authorization: Bearer <key>`` metadata, checked before the message is read
+(:class:`KeyFirst`). Domain errors become gRPC status codes here, with REST's messages
 (:data:`STATUS`); a bug is INTERNAL, never a client's mistake.
 """
 
