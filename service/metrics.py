@@ -285,7 +285,9 @@ class Exposition:
         async with self._lock:
             if self._started >= asked:  # a rendering begun since this scrape asked, done while it waited
                 return self._text
-            await asyncio.sleep(self._started + self.min_interval - time.monotonic())
+            due = self._started + self.min_interval
+            while (wait := due - time.monotonic()) > 0:  # the loop's clock may wake a sleep a little early
+                await asyncio.sleep(wait)
             self._started = time.monotonic()
             self._text = await anyio.to_thread.run_sync(exposition)
             return self._text
