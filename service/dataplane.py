@@ -226,7 +226,8 @@ class DataPlane:
     ) -> Result:
         """:func:`service.runtime.predict`, here if small and on the CPU (``INLINE_PREDICT_FEATURES``), else
         on an inference thread (one of ``limiter``'s; the micro-batcher has taken its slot already)."""
-        if model.on_cpu and len(request) * model.features_per_sample <= INLINE_PREDICT_FEATURES:
+        n = len(request)
+        if n * model.features_per_sample <= INLINE_PREDICT_FEATURES and model.runs_on_cpu(n):
             return runtime.predict(model, request)
         return await anyio.to_thread.run_sync(runtime.predict, model, request, limiter=limiter)
 

@@ -90,10 +90,10 @@ class LoadedModel:
         """View -> its head on the provider placed to run a batch of ``samples``."""
         return self.heads[self.placement.provider(samples)]
 
-    @cached_property
-    def on_cpu(self) -> bool:
-        """Whether every head runs on the CPU (none on a GPU)."""
-        return all(provider == CPU for provider in self.providers.values())
+    def runs_on_cpu(self, samples: int) -> bool:
+        """Whether a batch of ``samples`` runs its heads on the CPU (by the placement: with ``auto``, small
+        batches may run there while big ones go to the GPU)."""
+        return self.placement.provider(samples) == CPU
 
     @cached_property
     def features_per_sample(self) -> int:

@@ -14,7 +14,8 @@ from service import runtime
 from service.dataplane import INLINE_PREDICT_FEATURES, BodyBudget, DataPlane
 from service.errors import InvalidInput, ModelNotFound, NotReady, Overloaded, PayloadTooLarge
 from service.inference import InferenceRequest
-from service.repository import CUDA, load_repository
+from service.placement import CPU, CUDA, Placement, fixed
+from service.repository import load_repository
 from service.settings import Settings
 from tests.service.conftest import MODELS
 
@@ -121,7 +122,9 @@ def test_each_request_gets_its_own_answer_batched_or_not(batching):
 def test_small_cpu_batches_run_on_the_event_loop_others_on_inference_threads(batching, monkeypatch):
     """A small batch's heads and fusion hold the GIL nearly throughout, so they run on the event loop (a
     thread would only add the GIL's hand-offs); a bigger one, or one whose heads run on a GPU (their runs
-    release the GIL), on an inference thread."""
+    release the GIL), on an inference thread. Where its heads run is the batch's own placement: with
+    ``DBF_DEVICE=auto`` small batches may run on the CPU and big ones on the GPU (seen on an H200: one-sample
+    requests 6-22% slower under ``auto`` than ``cpu`` while every one went to a thread)."""
     on_event_loop = []
 
     def spied(model, request):
@@ -132,9 +135,14 @@ def test_small_cpu_batches_run_on_the_event_loop_others_on_inference_threads(bat
     monkeypatch.setattr(runtime, "predict", spied)
     dataplane = plane(batching=batching)
     model = dataplane.model(None)
-    on_gpu = dataclasses.replace(model, providers=dict.fromkeys(model.providers, CUDA))
+    heads = model.heads[CPU]  # the CPU's sessions stand in for CUDA's: this machine has no GPU
+    on_gpu = dataclasses.replace(model, heads={CUDA: heads}, placement=fixed(CUDA, "a stand-in"))
+    split = dataclasses.replace(
+        model, heads={CPU: heads, CUDA: heads}, placement=Placement(((16, CPU), (None, CUDA)), "a stand-in")
+    )
     largest_inline = INLINE_PREDICT_FEATURES // model.features_per_sample
-    cases = [(model, 1), (model, largest_inline), (model, largest_inline + 1), (on_gpu, 1)]
+    cases = [(model, 1), (model, largest_inline), (model, largest_inline + 1), (on_gpu, 1), (split, 16)]
+    cases.append((split, 17))
     for served, n in cases:
         assert len(asyncio.run(dataplane.infer(served, request(n)))) == n
-    assert on_event_loop == [True, True, False, False]
+    assert on_event_loop == [True, True, False, False, True, False]

@@ -106,11 +106,12 @@ def test_auto_loads_each_model_on_both_providers_and_keeps_what_its_placement_us
         assert model.placement.sizes() == [(CPU, "1-64"), (CUDA, "65+")]
         assert set(model.heads) == {CPU, CUDA}
         assert all(isinstance(head, BoundHead) for head in model.heads[CUDA].values())
-        assert set(model.providers.values()) == {f"{CPU},{CUDA}"} and not model.on_cpu
+        assert set(model.providers.values()) == {f"{CPU},{CUDA}"}
+        assert [model.runs_on_cpu(n) for n in (64, 65)] == [True, False]
     model = loaded.get()
     for n in (1, 300):
         assert len(runtime.predict(model, features_of(model, n))) == n
-    assert set(on_cpu.heads) == {CPU} and on_cpu.on_cpu  # CUDA's sessions, unused, are gone
+    assert set(on_cpu.heads) == {CPU} and on_cpu.runs_on_cpu(100_000)  # CUDA's sessions, unused, are gone
 
 
 @pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider':UserWarning")
