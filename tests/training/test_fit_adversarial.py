@@ -1,0 +1,139 @@
+"""The training command line against input made to hurt it, or written carelessly: files whose headers or
+metadata promise far more than they hold (memory), names too long for a file or that collide on another
+file system, interrupts and a full disk while a model is written, and option values the commands took
+without a word. Each ends in a clear error (or the model), never a traceback, nothing left behind, and
+an older model at ``--out`` as it was."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.training.test_fit import dataset, list_column, write_npy
+from tests.training.test_fit_safety import refused
+from training.data import DataError
+from training.readers import load
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    return write_npy(tmp_path / "data", *dataset())
+
+
+# -- a .npy header that claims more than its file holds ------------------------------------------------------
+
+
+def lying_npy(path: Path, dtype: str, shape: tuple[int, ...]) -> None:
+    """A ``.npy`` file whose header says ``shape`` and whose data is 64 bytes."""
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": shape}
+    with path.open("wb") as stream:
+        np.lib.format.write_array_header_1_0(stream, header)
+        stream.write(bytes(64))
+
+
+@pytest.mark.parametrize(
+    ("name", "shape"), [("labels", (10**12,)), ("labels", (60, 10**10)), ("image", (60, 10**12))]
+)
+def test_a_npy_header_claiming_more_than_the_file_holds_is_refused(name, shape, data, tmp_path, capsys):
+    lying_npy(data / f"{name}.npy", "<i8", shape)  # terabytes: allocated, a MemoryError
+    error = refused(capsys, "--data", data, "--out", tmp_path / "model")
+    assert f"{data / f'{name}.npy'}: not a readable .npy file" in error
+
+
+# -- Parquet that decompresses to far more than it is --------------------------------------------------------
+
+
+def parquet_of(path: Path, **replaced: pa.Array) -> Path:
+    views, labels = dataset()
+    columns = {name: list_column(matrix, fixed=False) for name, matrix in views.items()}
+    table = pa.table({**columns, "label": pa.array(labels), **replaced})
+    pq.write_table(table, path, compression="zstd", row_group_size=len(labels))
+    return path
+
+
+@pytest.fixture
+def never_decoded(monkeypatch):
+    """Reading a Parquet column's values fails the test: what is refused must be refused from the metadata."""
+
+    def decoded(*args, **kwargs):
+        raise AssertionError("a column was decoded")
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", decoded)
+    monkeypatch.setattr(pq.ParquetFile, "read", decoded)
+
+
+def test_a_parquet_row_wider_than_any_view_is_refused_before_it_is_decompressed(
+    tmp_path, never_decoded, monkeypatch
+):
+    monkeypatch.setenv("DBF_MAX_VIEW_DIM", "1000")
+    wide = 10**5  # zeros: a few kilobytes compressed; 10**9 of them, the same few kilobytes, are 8 GB decoded
+    bomb = pa.array([np.zeros(wide)] + [[1.0, 2.0]] * 59, type=pa.list_(pa.float64()))
+    path = parquet_of(tmp_path / "bomb.parquet", image=bomb)
+    assert path.stat().st_size < 100_000
+    with pytest.raises(
+        DataError, match=r"column 'image' row group 0: 100,118 numbers for 60 rows, so some row"
+    ):
+        load(path)
+
+
+def test_a_parquet_label_column_of_huge_strings_is_refused_before_it_is_decompressed(tmp_path, never_decoded):
+    _, labels = dataset()
+    bomb = pa.array(["cat" * 10**6, *labels[1:]])
+    path = parquet_of(tmp_path / "bomb.parquet", label=bomb)
+    assert path.stat().st_size < 100_000
+    with pytest.raises(DataError, match=r"column 'label' row group 0: 3\.0 MB for 60 rows"):
+        load(path)
+
+
+def test_a_variable_width_parquet_view_is_read_in_batches_of_its_own_width(tmp_path, monkeypatch):
+    import training.readers
+
+    sizes = []
+    iter_batches = pq.ParquetFile.iter_batches
+
+    def recorded(self, *args, batch_size, **kwargs):
+        sizes.append(batch_size)
+        return iter_batches(self, *args, batch_size=batch_size, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", recorded)
+    monkeypatch.setattr(training.readers, "_CHUNK_BYTES", 4 * 1000 * 10)  # 10 rows of 1,000 features
+    wide = np.random.default_rng(0).normal(size=(60, 1000))
+    path = parquet_of(tmp_path / "wide.parquet", image=list_column(wide, fixed=False))
+    assert load(path).views["image"].shape == (60, 1000)
+    assert sizes[0] == 10  # not 10 rows of 256 features' worth: 39 rows of 1,000
+
+
+# -- view names too long for a file, or that collide where case does not count -------------------------------
+
+
+def test_a_view_name_too_long_for_its_onnx_file_is_refused_before_training(data, tmp_path, capsys):
+    long = "v" * 251  # <view>.onnx: 256 characters, one more than a file name holds
+    (data / "text.npy").rename(data / f"{long}.npy")
+    error = refused(capsys, "--data", data, "--out", tmp_path / "model")
+    assert f"{long!r} is too long for a view name" in error and "at most 250 characters" in error
+
+
+def test_views_whose_names_differ_only_in_case_are_refused(tmp_path, capsys):
+    views, _ = dataset()
+    path = parquet_of(tmp_path / "cased.parquet", Image=list_column(views["image"] + 1, fixed=False))
+    error = refused(capsys, "--data", path, "--out", tmp_path / "model")
+    assert "views 'image' and 'Image' differ only in case" in error
+
+
+# -- benchmark files -----------------------------------------------------------------------------------------
+
+
+def test_a_matlab_73_file_is_refused_naming_it(tmp_path, capsys):
+    directory = tmp_path / "mat"
+    directory.mkdir()
+    text = b"MATLAB 7.3 MAT-file, Platform: GLNXA64, HDF5 schema 1.00 ."
+    header = text.ljust(116) + bytes(8) + b"\x00\x02IM"  # version 2.0: an HDF5 file
+    (directory / "handwritten.mat").write_bytes(header + bytes(512))
+    error = refused(capsys, "--data", directory / "handwritten.mat", "--out", tmp_path / "model")
+    assert f"{directory / 'handwritten.mat'}: a MATLAB 7.3 (HDF5) file" in error
