@@ -304,9 +304,35 @@ def _names(text: str) -> list[str]:
     return [part for part in text.split(",") if part]
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised wherever the command is, so that it ends as Ctrl-C does: what it was writing cleaned
+    up (a model is written whole or not at all), without a traceback."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; an interrupt (Ctrl-C, SIGTERM) ends it with a line saying so and 130 or 143."""
+    import signal
+    import threading
+
     args = _parser().parse_args(argv)
-    return args.run(args)
+    # Only the main thread may set a handler; elsewhere (a caller's thread) SIGTERM keeps its own.
+    handled = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if handled else None
+    try:
+        return args.run(args)
+    except KeyboardInterrupt as interrupt:
+        terminated = isinstance(interrupt, _Terminated)
+        out = getattr(args, "out", None)
+        kept = f": {out} is as it was" if args.command in ("fit", "export") else ""
+        print(f"error: {'terminated' if terminated else 'interrupted'}{kept}", file=sys.stderr)
+        return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
+    finally:
+        if handled:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _parser() -> argparse.ArgumentParser:

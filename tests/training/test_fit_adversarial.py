@@ -6,16 +6,26 @@ an older model at ``--out`` as it was."""
 
 from __future__ import annotations
 
+import errno
+import shutil
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
-from tests.training.test_fit import dataset, list_column, write_npy
+from manifest import Manifest
+from tests.training.test_fit import QUICK, _snapshot, dataset, fit, list_column, read_manifest, write_npy
 from tests.training.test_fit_safety import refused
+from training import export as exporting
 from training.data import DataError
+from training.heads import EvidentialHeads
+from training.protocol import MinMaxScaler
 from training.readers import load
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -137,3 +147,129 @@ def test_a_matlab_73_file_is_refused_naming_it(tmp_path, capsys):
     (directory / "handwritten.mat").write_bytes(header + bytes(512))
     error = refused(capsys, "--data", directory / "handwritten.mat", "--out", tmp_path / "model")
     assert f"{directory / 'handwritten.mat'}: a MATLAB 7.3 (HDF5) file" in error
+
+
+# -- where a model is written: a full disk, an interrupt, a folder that only looks like a model -------------
+
+
+def test_a_model_name_too_long_for_a_file_is_refused_before_training(data, tmp_path, capsys):
+    out = tmp_path / ("m" * 256)
+    error = refused(capsys, "--data", data, "--out", out)
+    assert "too long for a directory name" in error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+
+
+def test_a_long_model_name_is_written(data, tmp_path):
+    out = tmp_path / ("m" * 250)  # its staging directory's name must not be longer than a file name holds
+    assert fit("--data", data, "--out", out, *QUICK) == 0
+    assert read_manifest(out).name == out.name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", out.name]
+
+
+@pytest.fixture
+def tiny_model(tmp_path):
+    """``write_model``'s arguments for a two-view model of small random heads, and its manifest."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    raw = {"a": rng.normal(size=(8, 3)).astype(np.float32), "b": rng.normal(size=(8, 2)).astype(np.float32)}
+    scaler = MinMaxScaler.fit(raw)
+    scaled = scaler.transform(raw)
+    template = Manifest.model_validate_json((REPOSITORY / "models" / "cub" / "manifest.json").read_text())
+    return {
+        "heads": EvidentialHeads([3, 2], len(template.classes)),
+        "scaler": scaler,
+        "parity": {v: (raw[v], scaled[v]) for v in raw},
+        "manifest": lambda views: template.model_copy(update={"name": "pets", "views": views}),
+    }
+
+
+def write_old_model(out: Path, tiny_model) -> dict[str, bytes]:
+    exporting.write_model(out, **tiny_model)
+    return _snapshot(out)
+
+
+def test_a_full_disk_while_writing_is_a_clear_error_and_the_old_model_stays(tmp_path, tiny_model):
+    out = tmp_path / "models" / "pets"
+    before = write_old_model(out, tiny_model)
+
+    def full(directory: Path, manifest: Manifest) -> None:
+        (directory / "card.md").write_text("half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    written = r"pets: the model could not be written \(No space left on device\); .* is as it was"
+    with pytest.raises(exporting.ModelDirError, match=written):
+        exporting.write_model(out, **tiny_model, extras=full)
+    assert _snapshot(out) == before
+    assert sorted(p.name for p in out.parent.iterdir()) == ["pets"]  # nothing staged left
+
+
+def test_an_interrupt_between_the_renames_puts_the_old_model_back(tmp_path, tiny_model, monkeypatch):
+    out = tmp_path / "models" / "pets"
+    before = write_old_model(out, tiny_model)
+    monkeypatch.setattr(exporting, "_exchange", lambda first, second: False)  # where no atomic swap exists
+    renames = []
+    rename = Path.rename
+
+    def interrupted(self, target):
+        renames.append(self)
+        if len(renames) == 2:  # the old model is out of the way, the new one not yet in place
+            raise KeyboardInterrupt
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        exporting.write_model(out, **tiny_model)
+    assert _snapshot(out) == before
+    assert sorted(p.name for p in out.parent.iterdir()) == ["pets"]
+
+
+def test_a_model_is_swapped_in_whole(tmp_path, tiny_model):
+    out = tmp_path / "models" / "pets"
+    write_old_model(out, tiny_model)
+    older = tiny_model["manifest"]
+    newer = {**tiny_model, "manifest": lambda views: older(views).model_copy(update={"dataset": "new"})}
+    exporting.write_model(out, **newer)
+    assert read_manifest(out).dataset == "new"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["pets"]
+
+
+def test_a_folder_of_pictures_with_a_planted_manifest_is_not_replaced(data, tmp_path, capsys):
+    pictures = tmp_path / "pictures"
+    pictures.mkdir()
+    shutil.copy(REPOSITORY / "models" / "cub" / "manifest.json", pictures)
+    (pictures / "holiday.png").write_bytes(b"\x89PNG keep me")
+    error = refused(capsys, "--data", data, "--out", pictures)
+    assert "holds holiday.png, which a model directory does not" in error
+    assert (pictures / "holiday.png").read_bytes() == b"\x89PNG keep me"
+
+
+SIGNALLED_WHILE_WRITING = """
+    import os, signal, sys
+    import training.fit
+    from training.__main__ import main
+
+    write_card = training.fit.write_card
+
+    def signalled(directory, report, manifest):
+        write_card(directory, report, manifest)
+        os.kill(os.getpid(), signal.{signal})  # handled before this function returns
+
+    training.fit.write_card = signalled
+    sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(("signal_name", "returncode"), [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_signal_while_the_model_is_written_leaves_nothing_and_no_traceback(
+    signal_name, returncode, data, tmp_path
+):
+    out = tmp_path / "models" / "pets"
+    script = textwrap.dedent(SIGNALLED_WHILE_WRITING).replace("{signal}", signal_name)
+    command = ["fit", "--data", str(data), "--out", str(out), "--epochs", "2", "--quiet", "--hidden", "0"]
+    done = subprocess.run(
+        [sys.executable, "-c", script, *command], capture_output=True, text=True, timeout=120, cwd=REPOSITORY
+    )
+    assert done.returncode == returncode, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert f"{out} is as it was" in done.stderr
+    assert not out.parent.exists() or not list(out.parent.iterdir())  # no model, nothing staged
