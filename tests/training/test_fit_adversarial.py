@@ -23,6 +23,7 @@ from manifest import Manifest
 from tests.training.test_fit import QUICK, _snapshot, dataset, fit, list_column, read_manifest, write_npy
 from tests.training.test_fit_safety import refused
 from training import export as exporting
+from training.__main__ import main
 from training.data import DataError
 from training.heads import EvidentialHeads
 from training.protocol import MinMaxScaler
@@ -273,3 +274,92 @@ def test_a_signal_while_the_model_is_written_leaves_nothing_and_no_traceback(
     assert "Traceback" not in done.stderr
     assert f"{out} is as it was" in done.stderr
     assert not out.parent.exists() or not list(out.parent.iterdir())  # no model, nothing staged
+
+
+# -- download -----------------------------------------------------------------------------------------------
+
+
+def test_download_into_a_file_or_over_a_directory_is_a_clear_error(tmp_path, capsys):
+    file = tmp_path / "notes.txt"
+    file.write_text("keep me")
+    mirror = f"file://{tmp_path / 'nowhere'}"
+    assert main(["download", "--data-dir", str(file), "--dataset", "pie", "--mirror", mirror]) == 1
+    printed = capsys.readouterr().err
+    assert printed.startswith(f"error: {file}: not a directory") and "Traceback" not in printed
+    assert file.read_text() == "keep me"
+    target = tmp_path / "data" / "PIE_face_10.mat"
+    target.mkdir(parents=True)
+    assert main(["download", "--data-dir", str(target.parent), "--dataset", "pie", "--mirror", mirror]) == 1
+    assert capsys.readouterr().err.startswith(f"error: {target}: a directory, not the data file")
+
+
+# -- experiment ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--methods", "dbf,bogus", "unknown method 'bogus'"),
+        ("--activation", "cubic", "unknown activation 'cubic'"),
+        ("--lambda", "1,nan", "expected positive numbers"),
+        ("--seeds", "-1", "expected an integer from 0 to"),
+        ("--seeds", str(2**64), "expected an integer from 0 to"),
+        ("--workers", "0", "expected an integer >= 1"),
+    ],
+)
+def test_experiment_options_out_of_range_are_refused_before_any_run(option, value, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["experiment", "--dataset", "synthetic", "--out", str(tmp_path / "out"), option, value])
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_experiment_out_a_file_is_refused_before_any_run(tmp_path, capsys):
+    file = tmp_path / "notes.txt"
+    file.write_text("keep me")
+    command = ["experiment", "--dataset", "synthetic", "--epochs", "1", "--workers", "1", "--out", str(file)]
+    assert main(command) == 1
+    printed = capsys.readouterr()
+    assert printed.err.startswith(f"error: {file}: a file") and "runs in" not in printed.out
+    assert file.read_text() == "keep me"
+
+
+def test_experiment_does_not_write_through_a_link_nor_over_files_not_its_own(tmp_path, capsys):
+    outside = tmp_path / "bashrc"
+    outside.write_text("keep me")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.md").symlink_to(outside)
+    command = ["experiment", "--dataset", "synthetic", "--epochs", "1", "--workers", "1", "--out", str(out)]
+    assert main(command) == 1
+    assert f"{out / 'results.md'}: a symbolic link" in capsys.readouterr().err
+    (out / "results.md").unlink()
+    (out / "results.md").write_text("my notes")
+    assert main(command) == 1
+    assert f"{out}: holds results.md but no results.json of an experiment" in capsys.readouterr().err
+    assert outside.read_text() == "keep me" and (out / "results.md").read_text() == "my notes"
+
+
+def test_experiment_starts_no_more_processes_than_it_has_runs(monkeypatch):
+    import training.experiment
+
+    class Started(Exception):
+        """The pool's size, recorded where it would start its processes."""
+
+    def pool(max_workers, **kwargs):
+        raise Started(max_workers)
+
+    monkeypatch.setattr(training.experiment, "ProcessPoolExecutor", pool)
+    specs = [training.experiment.RunSpec(dataset="synthetic", seed=seed, epochs=1) for seed in (0, 1)]
+    with pytest.raises(Started) as started:
+        training.experiment.run_grid(specs, None, workers=64)
+    assert started.value.args == (2,)  # a process per run, not 64 copies of this one
+
+
+def test_experiment_without_its_data_says_how_to_fetch_it(tmp_path, capsys):
+    command = ["experiment", "--dataset", "pie", "--data-dir", str(tmp_path), "--out", str(tmp_path / "out")]
+    assert main(command) == 1
+    printed = capsys.readouterr().err
+    assert printed.startswith(f"error: pie data not found at {tmp_path / 'PIE_face_10.mat'}")
+    assert "python -m training download" in printed and "Traceback" not in printed
