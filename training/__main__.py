@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from fusion import METHODS
@@ -45,11 +45,24 @@ def _download(args: argparse.Namespace) -> int:
 def _experiment(args: argparse.Namespace) -> int:
     import time
 
-    from training.experiment import RunSpec, paper_activation, run_grid, write_results
+    from training.data import DataError
+    from training.experiment import (
+        ResultsDirError,
+        RunSpec,
+        check_results_dir,
+        paper_activation,
+        run_grid,
+        write_results,
+    )
 
     unknown = [name for name in args.dataset if name not in DATASETS and name != "synthetic"]
     if unknown:
         print(f"error: unknown dataset {unknown[0]!r}; known: {', '.join(DATASETS)}", file=sys.stderr)
+        return 1
+    try:
+        check_results_dir(args.out)  # before the runs, which would be lost
+    except ResultsDirError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 1
     specs = [
         RunSpec(
@@ -69,7 +82,11 @@ def _experiment(args: argparse.Namespace) -> int:
         for seed in args.seeds
     ]
     started = time.perf_counter()
-    results = run_grid(specs, args.data_dir, workers=args.workers)
+    try:
+        results = run_grid(specs, args.data_dir, workers=args.workers)
+    except (DataError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     wall = time.perf_counter() - started
     for r in results:
         spec, m = r.spec, r.evaluation
@@ -79,7 +96,11 @@ def _experiment(args: argparse.Namespace) -> int:
             f"({r.seconds:.1f} s)"
         )
     print(f"{len(results)} runs in {wall / 60:.1f} min with {args.workers} workers")
-    print(f"wrote {write_results(results, args.out, wall_seconds=wall)}")
+    try:
+        print(f"wrote {write_results(results, args.out, wall_seconds=wall)}")
+    except (ResultsDirError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -280,6 +301,7 @@ def _integer_from(low: int, high: int | None = None) -> Callable[[str], int]:
 
 
 _epochs = _integer_from(1)  # 0 epochs would write an untrained model
+_workers = _integer_from(1)
 _patience = _integer_from(0)
 # 32 bits: a seed that torch's and numpy's generators, all seeded with it, take alike.
 _seed = _integer_from(0, 2**32 - 1)
@@ -304,9 +326,59 @@ def _names(text: str) -> list[str]:
     return [part for part in text.split(",") if part]
 
 
+def _each(parse: Callable[[str], object]) -> Callable[[str], list]:
+    """An argparse type: comma-separated values, each as ``parse`` reads it (or its message)."""
+    return lambda text: [parse(part) for part in _names(text)]
+
+
+def _one_of(known: Sequence[str], kind: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in known:
+            raise argparse.ArgumentTypeError(f"unknown {kind} {text!r}; known: {', '.join(known)}")
+        return text
+
+    return parse
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    return value
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised wherever the command is, so that it ends as Ctrl-C does: what it was writing cleaned
+    up (a model is written whole or not at all), without a traceback."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; an interrupt (Ctrl-C, SIGTERM) ends it with a line saying so and 130 or 143."""
+    import signal
+    import threading
+
     args = _parser().parse_args(argv)
-    return args.run(args)
+    # Only the main thread may set a handler; elsewhere (a caller's thread) SIGTERM keeps its own.
+    handled = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if handled else None
+    try:
+        return args.run(args)
+    except KeyboardInterrupt as interrupt:
+        terminated = isinstance(interrupt, _Terminated)
+        out = getattr(args, "out", None)
+        kept = f": {out} is as it was" if args.command in ("fit", "export") else ""
+        print(f"error: {'terminated' if terminated else 'interrupted'}{kept}", file=sys.stderr)
+        return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
+    finally:
+        if handled:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -346,27 +418,34 @@ def _add_experiment(commands: argparse._SubParsersAction) -> None:
         "experiment", help="train and evaluate a grid of runs; write results and tables"
     )
     grid.add_argument("--dataset", type=_names, required=True, help="comma-separated dataset names")
-    grid.add_argument("--methods", type=_names, default=["dbf"], help=f"comma-separated: {','.join(METHODS)}")
-    grid.add_argument("--seeds", type=lambda s: [int(x) for x in _names(s)], default=[0])
+    grid.add_argument(
+        "--methods",
+        type=_each(_one_of(METHODS, "method")),
+        default=["dbf"],
+        help=f"comma-separated: {','.join(METHODS)}",
+    )
+    grid.add_argument("--seeds", type=_each(_seed), default=[0], help="comma-separated, each 0 to 2**32 - 1")
     grid.add_argument("--data-dir", type=Path, default=Path(os.environ.get("DBF_DATA_DIR", "data")))
     grid.add_argument("--out", type=Path, required=True)
     grid.add_argument("--protocol", choices=["heldout", "paper"], default="heldout")
     grid.add_argument(
         "--lambda",
         dest="lambdas",
-        type=lambda s: [float(x) for x in _names(s)],
+        type=_each(_positive),
         default=[1.0],
         help="comma-separated DBF strictness values (several: a sweep, plotted as lambda_sweep.png)",
     )
     grid.add_argument("--epochs", type=_epochs, default=DEFAULT_EPOCHS)
     grid.add_argument(
         "--activation",
-        type=_names,
+        type=_each(_one_of(("exp", "softplus", "paper"), "activation")),
         default=["exp"],
         help="comma-separated: exp,softplus, or paper (the paper's Table 3: exp for DBF, softplus otherwise)",
     )
     grid.add_argument("--hidden", type=_hidden, default=())
-    grid.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    grid.add_argument(
+        "--workers", type=_workers, default=os.cpu_count() or 1, help="processes (at most one per run)"
+    )
     grid.set_defaults(run=_experiment)
 
 

@@ -20,6 +20,7 @@ from calibration import ece_noise
 from manifest import CalibrationSamples, Manifest
 from training.architecture import Candidate, HeadChoice
 from training.calibrate import REPORT_COVERAGES, CalibrationReport, class_coverage, evaluate_calibration
+from training.export import CARD_FIGURES
 from training.metrics import Rate, coverage_band
 from training.report import FitReport
 
@@ -34,6 +35,13 @@ class Figure:
     caption: str
     draw: Callable[[object], None]  # given a matplotlib Figure, draws on it
     size: tuple[float, float] = (5.0, 3.2)
+
+    def __post_init__(self) -> None:
+        # A model directory is told from a folder of pictures by its figures' names: name a new one there.
+        if self.file not in CARD_FIGURES:
+            raise ValueError(
+                f"{self.file}: not among training.export.CARD_FIGURES, {', '.join(CARD_FIGURES)}"
+            )
 
 
 @dataclass(frozen=True)

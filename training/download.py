@@ -89,7 +89,12 @@ def _fetch_verified(url: str, target: Path, sha256: str, timeout: float) -> None
     The rename is atomic, so ``target`` is either absent, the old file, or the complete verified download;
     the temporary file never outlives this call.
     """
-    handle, temporary_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+    try:
+        handle, temporary_name = tempfile.mkstemp(
+            dir=target.parent, prefix=f".{target.name}.", suffix=".part"
+        )
+    except OSError as error:
+        raise DownloadError(f"{target}: cannot be written ({error.strerror or error})") from error
     temporary = Path(temporary_name)
     try:
         digest = hashlib.sha256()
@@ -118,8 +123,11 @@ def _fetch_verified(url: str, target: Path, sha256: str, timeout: float) -> None
                 detail=f" (downloaded from {url}: corrupt or incomplete, discarded)",
             )
         # mkstemp creates the file private to its owner; data files are world-readable like any download.
-        temporary.chmod(0o644)
-        os.replace(temporary, target)
+        try:
+            temporary.chmod(0o644)
+            os.replace(temporary, target)
+        except OSError as error:
+            raise DownloadError(f"{target}: cannot be written ({error.strerror or error})") from error
     finally:
         temporary.unlink(missing_ok=True)
 
@@ -160,11 +168,17 @@ def download(
     ChecksumError
         A download does not have the expected digest (the message names the file); nothing is kept.
     DownloadError
-        A dataset has no known source or digest, or the fetch failed.
+        A dataset has no known source or digest, the fetch failed, or the data directory or the file cannot
+        be read or written (a file where the directory goes, a directory where the file does).
     """
     specs = [dataset_spec(name) for name in names]
     data_dir = Path(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise DownloadError(f"{data_dir}: not a directory; name a directory for the data") from None
+    except OSError as error:
+        raise DownloadError(f"{data_dir}: cannot be made ({error.strerror or error})") from error
     fetched = []
     for spec in specs:
         if spec.file_name is None:
@@ -180,9 +194,13 @@ def download(
             raise DownloadError(
                 f"{spec.name} ({spec.file_name}) has no known SHA-256: refusing an unverified download"
             )
+        if target.is_dir():  # found out once fetched, the file could not take its name
+            raise DownloadError(f"{target}: a directory, not the data file; move it away and fetch again")
         if target.is_file():
             try:
                 verify(target, spec.sha256)
+            except OSError as error:
+                raise DownloadError(f"{target}: cannot be read ({error.strerror or error})") from error
             except ChecksumError:
                 _log.warning("%s has the wrong SHA-256; fetching it again", target)
             else:

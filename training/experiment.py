@@ -23,7 +23,7 @@ from fusion import METHODS, Method
 from training.data import MultiViewData, synthetic
 from training.evaluate import Evaluation, evaluate
 from training.heads import Activation
-from training.plots import write_plots
+from training.plots import PLOT_FILES, write_plots
 from training.protocol import EvaluationSets, ProtocolName, evaluation_sets
 from training.readers import read_registered
 from training.registry import dataset_spec
@@ -157,7 +157,9 @@ def run_grid(
         _configure_worker()
         outcomes = [run_together(batch, data_dir) for batch in batches]
     else:
-        with ProcessPoolExecutor(max_workers=workers, initializer=_configure_worker) as pool:
+        # No more processes than batches: each is a copy of this one, torch and the data included.
+        processes = min(workers, len(batches))
+        with ProcessPoolExecutor(max_workers=processes, initializer=_configure_worker) as pool:
             outcomes = list(pool.map(run_together, batches, [data_dir] * len(batches)))
     results: list[RunResult | None] = [None] * len(specs)
     for group, outcome in zip(groups, outcomes, strict=True):
@@ -214,6 +216,55 @@ def _row(result: Mapping[str, object]) -> tuple[str, str, tuple[int, ...]]:
     return str(result["method"]), str(result.get("activation", "")), tuple(result.get("hidden", ()))
 
 
+RESULT_FILES = ("results.json", "results.md", "uncertainties.npz", *PLOT_FILES)
+"""What :func:`write_results` writes into its directory (the plots as the results allow)."""
+
+
+class ResultsDirError(ValueError):
+    """A directory an experiment's results may not be written to; the message says why and what to do."""
+
+
+def check_results_dir(out_dir: str | os.PathLike[str]) -> None:
+    """Refuse ``out_dir`` for an experiment's results unless writing them there overwrites nothing but an
+    earlier experiment's: it is absent (made, with its parents) or a directory whose :data:`RESULT_FILES`
+    are regular files, and where it holds any of them, its ``results.json`` is an experiment's.
+
+    Checked before the runs (found out afterwards, hours of runs would be lost) and again before writing.
+
+    Raises
+    ------
+    ResultsDirError
+        Naming the file or directory and what it is.
+    """
+    out = Path(out_dir)
+    ancestor = next(path for path in (out, *out.parents) if os.path.lexists(path))
+    if not ancestor.is_dir():
+        made = "" if ancestor == out else f", so {out} cannot be made there"
+        raise ResultsDirError(f"{ancestor}: a file, not a directory{made}; name a directory for the results")
+    if ancestor != out:
+        return
+    present = [name for name in RESULT_FILES if os.path.lexists(out / name)]
+    for name in present:
+        path = out / name
+        if path.is_symlink() or not path.is_file():  # written through, a link would write outside out_dir
+            kind = "a symbolic link" if path.is_symlink() else "not a regular file"
+            raise ResultsDirError(f"{path}: {kind}; results are written only as files of {out}")
+    if present and not _is_results(out / "results.json"):
+        raise ResultsDirError(
+            f"{out}: holds {present[0]} but no results.json of an experiment, so it is not overwritten: "
+            "name a new directory for the results"
+        )
+
+
+def _is_results(path: Path) -> bool:
+    """Whether ``path`` is an experiment's results.json (:func:`write_results`)."""
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(document, dict) and isinstance(document.get("results"), list)
+
+
 def write_results(
     results: Sequence[RunResult],
     out_dir: str | os.PathLike[str],
@@ -222,8 +273,9 @@ def write_results(
 ) -> Path:
     """``out_dir/results.json`` (each run's :meth:`RunResult.record`), ``results.md`` (the paper's tables),
     ``uncertainties.npz`` (fused uncertainties per run, keyed by index) and the plots of
-    :mod:`training.plots`. Returns the directory."""
+    :mod:`training.plots`, where :func:`check_results_dir` allows. Returns the directory."""
     out = Path(out_dir)
+    check_results_dir(out)
     out.mkdir(parents=True, exist_ok=True)
     records = [result.record() for result in results]
     document: dict[str, object] = {"results": records}

@@ -14,12 +14,13 @@ is written here.
 from __future__ import annotations
 
 import contextlib
-import fnmatch
+import errno
 import hashlib
 import math
 import os
 import platform
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
@@ -36,9 +37,16 @@ from training.protocol import MinMaxScaler
 PARITY_TOLERANCE = 1e-4
 _OPSET = 17
 _IR_VERSION = 8  # readable by every onnxruntime release since 1.10
-# What a model directory holds beside its manifest's ONNX files: the manifest, and the card and its figures
-# (training.card).
-_MODEL_FILES = ("manifest.json", "card.md", "*.png")
+CARD_FIGURES = ("reliability.png", "coverage.png", "uncertainty.png", "training.png")
+"""The model card's figures (:mod:`training.card` draws these alone): a model directory holds no other PNG."""
+
+# What a model directory holds beside its manifest's ONNX files: the manifest, and the card and its figures.
+# By name, not a pattern: a folder of pictures with a manifest.json put in it is not a model to replace.
+_MODEL_FILES = ("manifest.json", "card.md", *CARD_FIGURES)
+
+# The longest name a file system takes for one file or directory where it does not say: that of Linux' and
+# macOS' own file systems.
+_NAME_MAX = 255
 
 
 class ParityError(RuntimeError):
@@ -46,7 +54,8 @@ class ParityError(RuntimeError):
 
 
 class ModelDirError(ValueError):
-    """A path a model may not be written to: it is not a model directory, or the data is in or around it."""
+    """A path a model may not be written to: it is not a model directory, the data is in or around it, or the
+    model cannot be written there (a name too long, no permission, a full disk)."""
 
 
 def head_to_onnx(head: ViewHead, minimum: np.ndarray, maximum: np.ndarray, *, view: str):
@@ -168,6 +177,7 @@ def check_model_dir(out_dir: str | os.PathLike[str], *, data: str | os.PathLike[
         Saying what ``out_dir`` is and what to do instead.
     """
     out = Path(out_dir)
+    _check_name_lengths(out)  # first: the system's answer to any question about such a path is an error
     if data is not None:
         _check_apart_from_data(out, Path(data))
     if out.is_symlink():
@@ -175,9 +185,8 @@ def check_model_dir(out_dir: str | os.PathLike[str], *, data: str | os.PathLike[
             f"{out}: a symbolic link; a model is written only to a real directory: name it, not the link"
         )
     ancestor = next(path for path in (out, *out.parents) if os.path.lexists(path))
+    _check_writable(out, ancestor)
     if ancestor != out:  # absent: made, with its parents
-        if not ancestor.is_dir():
-            raise ModelDirError(f"{ancestor}: a file, so {out} cannot be made there")
         return
     if not out.is_dir():
         raise ModelDirError(f"{out}: a file, not a model directory; name a new directory for the model")
@@ -189,12 +198,38 @@ def check_model_dir(out_dir: str | os.PathLike[str], *, data: str | os.PathLike[
         )
     heads = {view.file for view in manifest.views}
     for entry in sorted(out.iterdir()):
-        known = entry.name in heads or any(fnmatch.fnmatch(entry.name, p) for p in _MODEL_FILES)
+        known = entry.name in heads or entry.name in _MODEL_FILES
         if not known or entry.is_symlink() or not entry.is_file():
             raise ModelDirError(
                 f"{out}: holds {entry.name}, which a model directory does not, so it is not replaced: move "
                 f"{entry.name} out, or name a new directory for the model"
             )
+
+
+def _check_name_lengths(out: Path) -> None:
+    """Refuse an ``out`` with a name longer than a file system takes (asked of the system, it is an error)."""
+    existing = next((path for path in out.parents if os.path.isdir(path)), Path("."))
+    try:
+        longest = os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):  # not POSIX, or the file system does not say
+        longest = _NAME_MAX
+    for part in out.parts:
+        size = len(os.fsencode(part))
+        if size > longest:
+            raise ModelDirError(
+                f"{out}: {part[:40]}... is too long for a directory name ({size} bytes, where the file "
+                f"system takes {longest}); name the model more briefly"
+            )
+
+
+def _check_writable(out: Path, ancestor: Path) -> None:
+    """Refuse, before training, an ``out`` that could not be made or replaced: its nearest existing
+    ``ancestor`` is a file, or where it goes cannot be written (no permission, a read-only file system)."""
+    if ancestor != out and not ancestor.is_dir():
+        raise ModelDirError(f"{ancestor}: a file, so {out} cannot be made there")
+    where = ancestor if ancestor != out else out.parent
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise ModelDirError(f"{where}: cannot be written (no permission, or a read-only file system)")
 
 
 def _check_apart_from_data(out: Path, data: Path) -> None:
@@ -254,8 +289,12 @@ def write_model(
     """
     out = Path(out_dir)
     check_model_dir(out, data=data)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        # A short prefix: the name beside out_dir must fit where out_dir's own name just does.
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name[:32]}.", dir=out.parent))
+    except OSError as error:
+        raise _unwritten(out, error) from error
     try:
         entries = []
         for v, head in zip(scaler.minimum, heads.heads, strict=True):
@@ -277,17 +316,66 @@ def write_model(
             extras(staging, written)
         staging.chmod(0o755)  # mkdtemp's 0700 would make the model private to its writer
         check_model_dir(out, data=data)  # what is at out_dir now, not when writing began
-        if out.exists():  # two renames: the old model is in place until the new one takes its name
-            retired = Path(tempfile.mkdtemp(prefix=f".{out.name}.retired.", dir=out.parent))
-            out.rename(retired / out.name)
-            staging.rename(out)
-            shutil.rmtree(retired)
-        else:
-            staging.rename(out)
-    except BaseException:
+        _swap_in(staging, out)
+    except OSError as error:
+        raise _unwritten(out, error) from error
+    finally:  # the unfinished model, or once swapped in, the old one
         shutil.rmtree(staging, ignore_errors=True)
-        raise
     return written
+
+
+def _unwritten(out: Path, error: OSError) -> ModelDirError:
+    """What a failed write (a full disk, a name too long) says: why, and that ``out`` is as it was."""
+    reason = error.strerror or str(error)
+    return ModelDirError(f"{out}: the model could not be written ({reason}); {out} is as it was")
+
+
+def _swap_in(staging: Path, out: Path) -> None:
+    """Put the directory ``staging`` at ``out``; an older model at ``out`` ends up at ``staging``.
+
+    Where the system can (Linux), one atomic exchange: ``out`` is the old model or the new one at every
+    instant, whatever interrupts the process. Elsewhere two renames, the old model put back if the second
+    fails or is interrupted.
+    """
+    if not out.exists():
+        staging.rename(out)
+        return
+    if _exchange(staging, out):
+        return
+    retired = staging.with_name(staging.name + ".retired")
+    out.rename(retired)
+    try:
+        staging.rename(out)
+    except BaseException:
+        retired.rename(out)
+        raise
+    retired.rename(staging)
+
+
+_RENAME_EXCHANGE = 2  # <linux/fs.h>
+_AT_FDCWD = -100
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap two directories' names at once (Linux' ``renameat2`` with ``RENAME_EXCHANGE``); False where the
+    system or its file system cannot, having changed nothing."""
+    if sys.platform != "linux":
+        return False
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # a C library without it (glibc before 2.28, musl before 1.2.5)
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    done = renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE)
+    if done == 0:
+        return True
+    code = ctypes.get_errno()
+    # A kernel or file system without it (EXDEV: an overlay's, which then moves directories by copying).
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
+        return False
+    raise OSError(code, os.strerror(code), str(second))
 
 
 def provenance() -> dict[str, str]:
@@ -352,6 +440,7 @@ def _exported_output(
 
 
 __all__: Sequence[str] = [
+    "CARD_FIGURES",
     "ModelDirError",
     "ParityError",
     "check_model_dir",

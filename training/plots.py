@@ -14,6 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+PLOT_FILES = ("uncertainty_distributions.png", "view_uncertainty.png", "lambda_sweep.png")
+"""The figures :func:`write_plots` may write."""
+
 
 def write_plots(out_dir: str | Path) -> list[Path]:
     """Draw every figure the results in ``out_dir`` allow; returns the files written."""
@@ -26,12 +29,12 @@ def write_plots(out_dir: str | Path) -> list[Path]:
         arrays = {key: stored[key] for key in stored.files}
     samples = [(r, arrays[f"{i}_normal"], arrays[f"{i}_conflict"]) for i, r in enumerate(results)]
     written = [
-        _uncertainty_distributions(samples, out / "uncertainty_distributions.png"),
-        _view_uncertainty(results, out / "view_uncertainty.png"),
+        _uncertainty_distributions(samples, out / PLOT_FILES[0]),
+        _view_uncertainty(results, out / PLOT_FILES[1]),
     ]
     lambdas = sorted({r["lambda"] for r in results if r["method"] == "dbf"})
     if len(lambdas) > 1:
-        written.append(_lambda_sweep(samples, lambdas, out / "lambda_sweep.png"))
+        written.append(_lambda_sweep(samples, lambdas, out / PLOT_FILES[2]))
     return written
 
 

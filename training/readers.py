@@ -46,7 +46,9 @@ from training.download import DOWNLOAD_COMMAND
 from training.registry import DATASETS, DatasetSpec, dataset_spec
 
 __all__ = [
+    "LABEL_BYTES_PER_ROW",
     "MAX_VIEWS",
+    "MAX_VIEW_NAME",
     "Column",
     "assemble",
     "features",
@@ -137,6 +139,15 @@ _FILE_KINDS = {
 
 MAX_VIEWS = 64
 """The most views fit takes: each adds a head, and every sample's conflict matrix grows as its square."""
+
+MAX_VIEW_NAME = 250
+"""The longest view name, in characters (ASCII alone): its model file, ``<view>.onnx``, is a file name of at
+most 255 bytes."""
+
+LABEL_BYTES_PER_ROW = 1024
+"""What a Parquet label or split column may take per row, on average, decompressed: class names, not texts.
+Checked from the file's metadata before the column is read, so that a few kilobytes of compressed repetition
+cannot make gigabytes of labels."""
 
 
 class Column(NamedTuple):
@@ -300,7 +311,7 @@ def _open_npy(path: Path, *, directory: Path) -> np.ndarray:
 
 
 def _load_npy(path: Path, *, directory: Path, mmap: bool, instead: str) -> np.ndarray:
-    """The array of ``directory``'s file ``path`` (memory-mapped with ``mmap``), never unpickled.
+    """The array of ``directory``'s file ``path`` (memory-mapped with ``mmap``, else read), never unpickled.
 
     A file of Python objects is refused, saying ``instead``: what to store. Messages say what is wrong with
     the file, never what it holds (numpy's own quote its first bytes).
@@ -310,7 +321,12 @@ def _load_npy(path: Path, *, directory: Path, mmap: bool, instead: str) -> np.nd
         with path.open("rb") as stream:
             is_npy = stream.read(len(_NPY_MAGIC)) == _NPY_MAGIC
         if is_npy:
-            return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+            # Memory-mapped either way: numpy then checks the header's shape against the file's size, where
+            # reading would first allocate whatever the header claims (terabytes: a MemoryError).
+            mapped = np.load(path, mmap_mode="r", allow_pickle=False)
+            return mapped if mmap else np.array(mapped)
+    except (OverflowError, MemoryError):  # a shape whose size overflows, or no memory for one that fits
+        raise DataError(f"{path}: not a readable .npy file (its header or size is not NumPy's)") from None
     except ValueError as error:
         if "object" in str(error).lower():
             raise DataError(
@@ -420,6 +436,11 @@ def read_parquet(
     if not names:
         raise DataError(f"{path}: no view columns beside the label column {label_column!r}")
     _check_views(names, path, where=lambda name: f"{path} column {name!r}")
+    for name in names:
+        _check_stored_view(file, name, where=f"{path} column {name!r}")
+    for column in (label_column, split_column):
+        if column is not None:
+            _check_stored_labels(file, column, where=f"{path} column {column!r}")
     num_rows = file.metadata.num_rows
     # glibc's allocator hands a freed batch back to the system at once; arrow's default pool (mimalloc)
     # keeps it for reuse, which raised the peak of reading a 1024-wide column by half the data's size.
@@ -477,10 +498,12 @@ def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray
         raise DataError(f"{where}: no rows (the file has no samples)")
     if width is not None:
         _check_width(width, where=where)
+    per_row = max((-(-values // max(rows, 1)) for rows, values, _ in _stored_sizes(file, column)), default=1)
     out: np.ndarray | None = None
     rounding = None if np.can_cast(item.to_pandas_dtype(), np.float32) else _Rounding()
     start = 0
-    batches = file.iter_batches(batch_size=_chunk_rows(width or 256), columns=[column], use_threads=False)
+    # Batches of a few megabytes: of the width, or for lists of any length the most per row a row group holds.
+    batches = file.iter_batches(batch_size=_chunk_rows(width or per_row), columns=[column], use_threads=False)
     for batch in batches:
         array = batch.column(0)
         n = len(array)
@@ -534,6 +557,78 @@ def _parquet_scalars(file, column: str) -> np.ndarray:
     return array.to_numpy(zero_copy_only=False)
 
 
+# A column chunk's own bytes beside its values (page headers, a dictionary's), allowed whatever its rows.
+_PARQUET_HEADROOM = 1 << 16
+
+
+def _check_stored_view(file, column: str, *, where: str) -> None:
+    """Refuse, from the metadata, a view column with a row wider than the service serves: a few kilobytes of
+    compressed zeros can hold billions of them, all decoded before a row's width is seen."""
+    widest = served_view_dim()
+    for group, (rows, values, _) in enumerate(_stored_sizes(file, column)):
+        if values > rows * widest:  # a null or empty row holds a place too: at most `widest` per row
+            raise DataError(
+                f"{where} row group {group}: {values:,} numbers for {rows:,} rows, so some row holds more "
+                f"than {widest:,}, the widest view the service serves (DBF_MAX_VIEW_DIM, for fit as for the "
+                "service)"
+            )
+
+
+def _check_stored_labels(file, column: str, *, where: str) -> None:
+    """Refuse, from the metadata, a label or split column of more than :data:`LABEL_BYTES_PER_ROW` a row."""
+    for group, (rows, _, size) in enumerate(_stored_sizes(file, column)):
+        if size > rows * LABEL_BYTES_PER_ROW + _PARQUET_HEADROOM:
+            raise DataError(
+                f"{where} row group {group}: {size / 1e6:,.1f} MB for {rows:,} rows decompressed, more than "
+                f"{LABEL_BYTES_PER_ROW:,} bytes per row: labels are class names, not texts"
+            )
+
+
+def _stored_sizes(file, column: str) -> list[tuple[int, int, int]]:
+    """Per row group, from the file's metadata (nothing decoded): its rows, and the values and decompressed
+    bytes ``column`` stores there (over its leaves: a list column's numbers, a struct's fields).
+
+    Empty where the metadata's columns cannot be matched to the schema's (not so in any file pyarrow writes).
+    """
+    schema, metadata = file.schema_arrow, file.metadata
+    first = 0
+    for field in schema:
+        count = _leaf_count(field.type)
+        if field.name == column:
+            break
+        first += count
+    else:
+        return []
+    leaves = range(first, first + count)
+    paths = [file.schema.column(i).path for i in leaves if i < metadata.num_columns]
+    if len(paths) != count or not all(path.split(".")[0] == column.split(".")[0] for path in paths):
+        return []
+    sizes = []
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        chunks = [row_group.column(i) for i in leaves]
+        values = max(chunk.num_values for chunk in chunks)
+        sizes.append((row_group.num_rows, values, sum(chunk.total_uncompressed_size for chunk in chunks)))
+    return sizes
+
+
+def _leaf_count(kind) -> int:
+    """How many Parquet columns an Arrow type is stored in: one per leaf of its nesting."""
+    import pyarrow as pa
+
+    if isinstance(kind, pa.ExtensionType):
+        kind = kind.storage_type
+    if pa.types.is_dictionary(kind):
+        return 1
+    if pa.types.is_struct(kind):
+        return sum(_leaf_count(kind.field(i).type) for i in range(kind.num_fields))
+    if pa.types.is_map(kind):
+        return _leaf_count(kind.key_type) + _leaf_count(kind.item_type)
+    if hasattr(kind, "value_type"):  # a list of any kind
+        return _leaf_count(kind.value_type)
+    return 1
+
+
 # -- the benchmark .mat files --------------------------------------------------------------------------------
 
 
@@ -565,7 +660,12 @@ def read_registered(name: str | DatasetSpec, data_dir: str | os.PathLike[str]) -
         raise FileNotFoundError(f"{spec.name} data not found at {path}: {_fetch_hint(spec, data_dir)}")
     try:
         contents = scipy.io.loadmat(str(path))
-    except (MatReadError, ValueError, TypeError) as error:
+    except NotImplementedError:  # scipy reads MATLAB's formats up to 7; 7.3 is HDF5
+        raise DataError(
+            f"{path}: a MATLAB 7.3 (HDF5) file, which is not read; save it as version 7 (MATLAB: "
+            "save(..., '-v7')), or fetch the benchmark's file again"
+        ) from None
+    except (MatReadError, ValueError, TypeError, MemoryError) as error:
         raise DataError(f"{path} is not a readable MATLAB file: {error}") from error
     missing = {"X", spec.label_key} - contents.keys()
     if missing:
@@ -810,6 +910,15 @@ def _check_views(names: Sequence[str], source: Path, *, where: Callable[[str], s
         raise DataError(f"{source}: --views names {twice!r} twice; name each view once")
     for name in names:
         _check_view_name(name, where=where(name))
+    first: dict[str, str] = {}
+    for name in names:
+        other = first.setdefault(name.casefold(), name)
+        if other != name:  # <view>.onnx: one file where case does not count (macOS, Windows)
+            raise DataError(
+                f"{source}: views {other!r} and {name!r} differ only in case, and their model files would "
+                "be one on file systems that ignore case (macOS, Windows); rename one, or leave one out "
+                "(--views)"
+            )
 
 
 def _check_view_name(name: str, *, where: str) -> None:
@@ -817,6 +926,12 @@ def _check_view_name(name: str, *, where: str) -> None:
         raise DataError(
             f"{where}: {name!r} is not a valid view name for the API (letters, digits, '_', '.' and '-', "
             "starting with a letter or digit); rename the file or column"
+        )
+    if len(name) > MAX_VIEW_NAME:  # found out once the model is written, it would cost the training
+        raise DataError(
+            f"{where}: {name!r} is too long for a view name ({len(name)} characters): the model's file for "
+            f"it is <view>.onnx, so a view name is at most {MAX_VIEW_NAME} characters; rename the file or "
+            "column"
         )
 
 

@@ -1,0 +1,365 @@
+"""The training command line against input made to hurt it, or written carelessly: files whose headers or
+metadata promise far more than they hold (memory), names too long for a file or that collide on another
+file system, interrupts and a full disk while a model is written, and option values the commands took
+without a word. Each ends in a clear error (or the model), never a traceback, nothing left behind, and
+an older model at ``--out`` as it was."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from manifest import Manifest
+from tests.training.test_fit import QUICK, _snapshot, dataset, fit, list_column, read_manifest, write_npy
+from tests.training.test_fit_safety import refused
+from training import export as exporting
+from training.__main__ import main
+from training.data import DataError
+from training.heads import EvidentialHeads
+from training.protocol import MinMaxScaler
+from training.readers import load
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    return write_npy(tmp_path / "data", *dataset())
+
+
+# -- a .npy header that claims more than its file holds ------------------------------------------------------
+
+
+def lying_npy(path: Path, dtype: str, shape: tuple[int, ...]) -> None:
+    """A ``.npy`` file whose header says ``shape`` and whose data is 64 bytes."""
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": shape}
+    with path.open("wb") as stream:
+        np.lib.format.write_array_header_1_0(stream, header)
+        stream.write(bytes(64))
+
+
+@pytest.mark.parametrize(
+    ("name", "shape"), [("labels", (10**12,)), ("labels", (60, 10**10)), ("image", (60, 10**12))]
+)
+def test_a_npy_header_claiming_more_than_the_file_holds_is_refused(name, shape, data, tmp_path, capsys):
+    lying_npy(data / f"{name}.npy", "<i8", shape)  # terabytes: allocated, a MemoryError
+    error = refused(capsys, "--data", data, "--out", tmp_path / "model")
+    assert f"{data / f'{name}.npy'}: not a readable .npy file" in error
+
+
+# -- Parquet that decompresses to far more than it is --------------------------------------------------------
+
+
+def parquet_of(path: Path, **replaced: pa.Array) -> Path:
+    views, labels = dataset()
+    columns = {name: list_column(matrix, fixed=False) for name, matrix in views.items()}
+    table = pa.table({**columns, "label": pa.array(labels), **replaced})
+    pq.write_table(table, path, compression="zstd", row_group_size=len(labels))
+    return path
+
+
+@pytest.fixture
+def never_decoded(monkeypatch):
+    """Reading a Parquet column's values fails the test: what is refused must be refused from the metadata."""
+
+    def decoded(*args, **kwargs):
+        raise AssertionError("a column was decoded")
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", decoded)
+    monkeypatch.setattr(pq.ParquetFile, "read", decoded)
+
+
+def test_a_parquet_row_wider_than_any_view_is_refused_before_it_is_decompressed(
+    tmp_path, never_decoded, monkeypatch
+):
+    monkeypatch.setenv("DBF_MAX_VIEW_DIM", "1000")
+    wide = 10**5  # zeros: a few kilobytes compressed; 10**9 of them, the same few kilobytes, are 8 GB decoded
+    bomb = pa.array([np.zeros(wide)] + [[1.0, 2.0]] * 59, type=pa.list_(pa.float64()))
+    path = parquet_of(tmp_path / "bomb.parquet", image=bomb)
+    assert path.stat().st_size < 100_000
+    with pytest.raises(
+        DataError, match=r"column 'image' row group 0: 100,118 numbers for 60 rows, so some row"
+    ):
+        load(path)
+
+
+def test_a_parquet_label_column_of_huge_strings_is_refused_before_it_is_decompressed(tmp_path, never_decoded):
+    _, labels = dataset()
+    bomb = pa.array(["cat" * 10**6, *labels[1:]])
+    path = parquet_of(tmp_path / "bomb.parquet", label=bomb)
+    assert path.stat().st_size < 100_000
+    with pytest.raises(DataError, match=r"column 'label' row group 0: 3\.0 MB for 60 rows"):
+        load(path)
+
+
+def test_a_variable_width_parquet_view_is_read_in_batches_of_its_own_width(tmp_path, monkeypatch):
+    import training.readers
+
+    sizes = []
+    iter_batches = pq.ParquetFile.iter_batches
+
+    def recorded(self, *args, batch_size, **kwargs):
+        sizes.append(batch_size)
+        return iter_batches(self, *args, batch_size=batch_size, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", recorded)
+    monkeypatch.setattr(training.readers, "_CHUNK_BYTES", 4 * 1000 * 10)  # 10 rows of 1,000 features
+    wide = np.random.default_rng(0).normal(size=(60, 1000))
+    path = parquet_of(tmp_path / "wide.parquet", image=list_column(wide, fixed=False))
+    assert load(path).views["image"].shape == (60, 1000)
+    assert sizes[0] == 10  # not 10 rows of 256 features' worth: 39 rows of 1,000
+
+
+# -- view names too long for a file, or that collide where case does not count -------------------------------
+
+
+def test_a_view_name_too_long_for_its_onnx_file_is_refused_before_training(data, tmp_path, capsys):
+    long = "v" * 251  # <view>.onnx: 256 characters, one more than a file name holds
+    (data / "text.npy").rename(data / f"{long}.npy")
+    error = refused(capsys, "--data", data, "--out", tmp_path / "model")
+    assert f"{long!r} is too long for a view name" in error and "at most 250 characters" in error
+
+
+def test_views_whose_names_differ_only_in_case_are_refused(tmp_path, capsys):
+    views, _ = dataset()
+    path = parquet_of(tmp_path / "cased.parquet", Image=list_column(views["image"] + 1, fixed=False))
+    error = refused(capsys, "--data", path, "--out", tmp_path / "model")
+    assert "views 'image' and 'Image' differ only in case" in error
+
+
+# -- benchmark files -----------------------------------------------------------------------------------------
+
+
+def test_a_matlab_73_file_is_refused_naming_it(tmp_path, capsys):
+    directory = tmp_path / "mat"
+    directory.mkdir()
+    text = b"MATLAB 7.3 MAT-file, Platform: GLNXA64, HDF5 schema 1.00 ."
+    header = text.ljust(116) + bytes(8) + b"\x00\x02IM"  # version 2.0: an HDF5 file
+    (directory / "handwritten.mat").write_bytes(header + bytes(512))
+    error = refused(capsys, "--data", directory / "handwritten.mat", "--out", tmp_path / "model")
+    assert f"{directory / 'handwritten.mat'}: a MATLAB 7.3 (HDF5) file" in error
+
+
+# -- where a model is written: a full disk, an interrupt, a folder that only looks like a model -------------
+
+
+def test_a_model_name_too_long_for_a_file_is_refused_before_training(data, tmp_path, capsys):
+    out = tmp_path / ("m" * 256)
+    error = refused(capsys, "--data", data, "--out", out)
+    assert "too long for a directory name" in error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+
+
+def test_a_long_model_name_is_written(data, tmp_path):
+    out = tmp_path / ("m" * 250)  # its staging directory's name must not be longer than a file name holds
+    assert fit("--data", data, "--out", out, *QUICK) == 0
+    assert read_manifest(out).name == out.name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", out.name]
+
+
+@pytest.fixture
+def tiny_model(tmp_path):
+    """``write_model``'s arguments for a two-view model of small random heads, and its manifest."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    raw = {"a": rng.normal(size=(8, 3)).astype(np.float32), "b": rng.normal(size=(8, 2)).astype(np.float32)}
+    scaler = MinMaxScaler.fit(raw)
+    scaled = scaler.transform(raw)
+    template = Manifest.model_validate_json((REPOSITORY / "models" / "cub" / "manifest.json").read_text())
+    return {
+        "heads": EvidentialHeads([3, 2], len(template.classes)),
+        "scaler": scaler,
+        "parity": {v: (raw[v], scaled[v]) for v in raw},
+        "manifest": lambda views: template.model_copy(update={"name": "pets", "views": views}),
+    }
+
+
+def write_old_model(out: Path, tiny_model) -> dict[str, bytes]:
+    exporting.write_model(out, **tiny_model)
+    return _snapshot(out)
+
+
+def test_a_full_disk_while_writing_is_a_clear_error_and_the_old_model_stays(tmp_path, tiny_model):
+    out = tmp_path / "models" / "pets"
+    before = write_old_model(out, tiny_model)
+
+    def full(directory: Path, manifest: Manifest) -> None:
+        (directory / "card.md").write_text("half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    written = r"pets: the model could not be written \(No space left on device\); .* is as it was"
+    with pytest.raises(exporting.ModelDirError, match=written):
+        exporting.write_model(out, **tiny_model, extras=full)
+    assert _snapshot(out) == before
+    assert sorted(p.name for p in out.parent.iterdir()) == ["pets"]  # nothing staged left
+
+
+def test_an_interrupt_between_the_renames_puts_the_old_model_back(tmp_path, tiny_model, monkeypatch):
+    out = tmp_path / "models" / "pets"
+    before = write_old_model(out, tiny_model)
+    monkeypatch.setattr(exporting, "_exchange", lambda first, second: False)  # where no atomic swap exists
+    renames = []
+    rename = Path.rename
+
+    def interrupted(self, target):
+        renames.append(self)
+        if len(renames) == 2:  # the old model is out of the way, the new one not yet in place
+            raise KeyboardInterrupt
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        exporting.write_model(out, **tiny_model)
+    assert _snapshot(out) == before
+    assert sorted(p.name for p in out.parent.iterdir()) == ["pets"]
+
+
+def test_a_model_is_swapped_in_whole(tmp_path, tiny_model):
+    out = tmp_path / "models" / "pets"
+    write_old_model(out, tiny_model)
+    older = tiny_model["manifest"]
+    newer = {**tiny_model, "manifest": lambda views: older(views).model_copy(update={"dataset": "new"})}
+    exporting.write_model(out, **newer)
+    assert read_manifest(out).dataset == "new"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["pets"]
+
+
+def test_a_folder_of_pictures_with_a_planted_manifest_is_not_replaced(data, tmp_path, capsys):
+    pictures = tmp_path / "pictures"
+    pictures.mkdir()
+    shutil.copy(REPOSITORY / "models" / "cub" / "manifest.json", pictures)
+    (pictures / "holiday.png").write_bytes(b"\x89PNG keep me")
+    error = refused(capsys, "--data", data, "--out", pictures)
+    assert "holds holiday.png, which a model directory does not" in error
+    assert (pictures / "holiday.png").read_bytes() == b"\x89PNG keep me"
+
+
+SIGNALLED_WHILE_WRITING = """
+    import os, signal, sys
+    import training.fit
+    from training.__main__ import main
+
+    write_card = training.fit.write_card
+
+    def signalled(directory, report, manifest):
+        write_card(directory, report, manifest)
+        os.kill(os.getpid(), signal.{signal})  # handled before this function returns
+
+    training.fit.write_card = signalled
+    sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(("signal_name", "returncode"), [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_signal_while_the_model_is_written_leaves_nothing_and_no_traceback(
+    signal_name, returncode, data, tmp_path
+):
+    out = tmp_path / "models" / "pets"
+    script = textwrap.dedent(SIGNALLED_WHILE_WRITING).replace("{signal}", signal_name)
+    command = ["fit", "--data", str(data), "--out", str(out), "--epochs", "2", "--quiet", "--hidden", "0"]
+    done = subprocess.run(
+        [sys.executable, "-c", script, *command], capture_output=True, text=True, timeout=120, cwd=REPOSITORY
+    )
+    assert done.returncode == returncode, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert f"{out} is as it was" in done.stderr
+    assert not out.parent.exists() or not list(out.parent.iterdir())  # no model, nothing staged
+
+
+# -- download -----------------------------------------------------------------------------------------------
+
+
+def test_download_into_a_file_or_over_a_directory_is_a_clear_error(tmp_path, capsys):
+    file = tmp_path / "notes.txt"
+    file.write_text("keep me")
+    mirror = f"file://{tmp_path / 'nowhere'}"
+    assert main(["download", "--data-dir", str(file), "--dataset", "pie", "--mirror", mirror]) == 1
+    printed = capsys.readouterr().err
+    assert printed.startswith(f"error: {file}: not a directory") and "Traceback" not in printed
+    assert file.read_text() == "keep me"
+    target = tmp_path / "data" / "PIE_face_10.mat"
+    target.mkdir(parents=True)
+    assert main(["download", "--data-dir", str(target.parent), "--dataset", "pie", "--mirror", mirror]) == 1
+    assert capsys.readouterr().err.startswith(f"error: {target}: a directory, not the data file")
+
+
+# -- experiment ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--methods", "dbf,bogus", "unknown method 'bogus'"),
+        ("--activation", "cubic", "unknown activation 'cubic'"),
+        ("--lambda", "1,nan", "expected positive numbers"),
+        ("--seeds", "-1", "expected an integer from 0 to"),
+        ("--seeds", str(2**64), "expected an integer from 0 to"),
+        ("--workers", "0", "expected an integer >= 1"),
+    ],
+)
+def test_experiment_options_out_of_range_are_refused_before_any_run(option, value, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["experiment", "--dataset", "synthetic", "--out", str(tmp_path / "out"), option, value])
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_experiment_out_a_file_is_refused_before_any_run(tmp_path, capsys):
+    file = tmp_path / "notes.txt"
+    file.write_text("keep me")
+    command = ["experiment", "--dataset", "synthetic", "--epochs", "1", "--workers", "1", "--out", str(file)]
+    assert main(command) == 1
+    printed = capsys.readouterr()
+    assert printed.err.startswith(f"error: {file}: a file") and "runs in" not in printed.out
+    assert file.read_text() == "keep me"
+
+
+def test_experiment_does_not_write_through_a_link_nor_over_files_not_its_own(tmp_path, capsys):
+    outside = tmp_path / "bashrc"
+    outside.write_text("keep me")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.md").symlink_to(outside)
+    command = ["experiment", "--dataset", "synthetic", "--epochs", "1", "--workers", "1", "--out", str(out)]
+    assert main(command) == 1
+    assert f"{out / 'results.md'}: a symbolic link" in capsys.readouterr().err
+    (out / "results.md").unlink()
+    (out / "results.md").write_text("my notes")
+    assert main(command) == 1
+    assert f"{out}: holds results.md but no results.json of an experiment" in capsys.readouterr().err
+    assert outside.read_text() == "keep me" and (out / "results.md").read_text() == "my notes"
+
+
+def test_experiment_starts_no_more_processes_than_it_has_runs(monkeypatch):
+    import training.experiment
+
+    class Started(Exception):
+        """The pool's size, recorded where it would start its processes."""
+
+    def pool(max_workers, **kwargs):
+        raise Started(max_workers)
+
+    monkeypatch.setattr(training.experiment, "ProcessPoolExecutor", pool)
+    specs = [training.experiment.RunSpec(dataset="synthetic", seed=seed, epochs=1) for seed in (0, 1)]
+    with pytest.raises(Started) as started:
+        training.experiment.run_grid(specs, None, workers=64)
+    assert started.value.args == (2,)  # a process per run, not 64 copies of this one
+
+
+def test_experiment_without_its_data_says_how_to_fetch_it(tmp_path, capsys):
+    command = ["experiment", "--dataset", "pie", "--data-dir", str(tmp_path), "--out", str(tmp_path / "out")]
+    assert main(command) == 1
+    printed = capsys.readouterr().err
+    assert printed.startswith(f"error: pie data not found at {tmp_path / 'PIE_face_10.mat'}")
+    assert "python -m training download" in printed and "Traceback" not in printed
