@@ -50,15 +50,23 @@ class Settings(BaseSettings):
     # Slow bodies: the whole body within this many seconds, and on average at no less than this many bytes a
     # second after its first ten (a stalled or trickling upload gets 408 and its connection closed).
     # Requests take a predict slot only once their body is in, so slow senders never crowd out the others.
+    # The rate holds for answers too: an answer that its client does not take at this rate, over each
+    # DBF_IDLE_TIMEOUT_SECONDS, is dropped with its connection (service/server.py).
     body_timeout_seconds: float = Field(default=30.0, gt=0, description="a body's longest time to arrive")
     body_min_bytes_per_second: int = Field(
-        default=1024, ge=0, description="a body's slowest average rate after its first 10 s (0: any)"
+        default=1024,
+        ge=0,
+        description="a body's slowest average rate after its first 10 s, and an answer's (0: any)",
     )
     # Bytes of request bodies buffered at once, across requests (declared lengths reserved up front,
     # decompressed bytes counted too); beyond it, 503 overloaded with Retry-After. With bodies of at most
-    # DBF_MAX_BODY_BYTES, the default keeps concurrent big uploads within a 1 GiB pod (docs: limits).
+    # DBF_MAX_BODY_BYTES, the default keeps concurrent big uploads within a 1 GiB pod (docs: limits). So
+    # many bytes of answers, too, may wait for clients that have not taken them (HTTP; beyond it, the
+    # connections that have held theirs longest are dropped).
     body_memory_bytes: int = Field(
-        default=128 * 1024 * 1024, ge=1, description="request body bytes buffered at once, all requests"
+        default=128 * 1024 * 1024,
+        ge=1,
+        description="request body bytes buffered at once, all requests (and, apart, answers held)",
     )
     # Load shedding: requests past this many in flight (queued or running) get 503 + Retry-After at once,
     # rather than waiting in an unbounded queue until their clients time out.
