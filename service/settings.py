@@ -89,6 +89,12 @@ class Settings(BaseSettings):
     grpc_batch_delay_ms: float = Field(
         default=1.0, ge=0, le=1000, description="a batch holding a gRPC call waits this long for more"
     )
+    # A gRPC connection is told to go (GOAWAY) after this long, and closed, whatever it holds, once its calls
+    # have had DBF_GRACEFUL_SHUTDOWN_SECONDS more to finish: gRPC offers no other way to drop a call whose
+    # client does not take its answer (each holds it in memory). Clients reconnect by themselves.
+    grpc_max_connection_age_seconds: float = Field(
+        default=300.0, gt=0, description="a gRPC connection's longest life (its client reconnects)"
+    )
     # Hot reload: POST /v1/admin/reload, or a poll of the model directory every this many seconds (0: off).
     reload_poll_seconds: float = Field(default=0.0, ge=0, description="seconds between polls (0: off)")
     # A reload not done by then is refused (409) and its load abandoned: a file that blocks on read (a hung

@@ -743,6 +743,46 @@ class _ExpiredCall:
         self.ended = code, details
 
 
+def test_answers_their_clients_do_not_take_are_bounded_and_dropped_with_their_connections():
+    """A client that calls and never reads its answer (a response stream it never consumes: its flow-control
+    window stays shut) left the answer in the service's memory for good: 40 such calls of PIE held 145 MB.
+    Now answers not taken count within DBF_BODY_MEMORY_BYTES (past it, new calls are UNAVAILABLE, as REST's
+    overload), and a connection closes after DBF_GRPC_MAX_CONNECTION_AGE_SECONDS and the grace, dropping
+    them; then calls are served again."""
+    port = free_port()
+    settings = {"body_memory_bytes": 8 << 20, "grpc_max_connection_age_seconds": 1}
+    with serving(MODELS / "pie", grpc_port=port, graceful_shutdown_seconds=0.5, **settings):
+        request = pb.ModelInferRequest(model_name="pie")
+        request.inputs.add(name="lbp", datatype="FP32", shape=[1024, 256])
+        request.raw_input_contents.append(np.zeros((1024, 256), np.float32).tobytes())  # a 1.5 MB answer
+        body = request.SerializeToString()
+        options = [("grpc.http2.bdp_probe", 0), ("grpc.max_receive_message_length", -1)]
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+            path = "/inference.GRPCInferenceService/ModelInfer"
+            unread = channel.unary_stream(path)  # the same call on the wire: one message, then the status
+            calls = [unread(body) for _ in range(12)]  # 18 MB not taken
+            infer = channel.unary_unary(path)
+            deadline, refusal = time.monotonic() + 5, "answers wait for clients that have not taken them"
+            while refusal not in (status := _status(infer, body))[1] and time.monotonic() < deadline:
+                time.sleep(0.05)  # (meanwhile their messages may fill the body budget: UNAVAILABLE too)
+            assert status[0] == grpc.StatusCode.UNAVAILABLE and refusal in status[1], status
+            deadline = time.monotonic() + 5  # the connections holding them close (1 s, 0.5 s of grace)
+            while (status := _status(infer, body))[0] != grpc.StatusCode.OK and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert status[0] == grpc.StatusCode.OK, status
+            for call in calls:
+                call.cancel()
+
+
+def _status(call: Any, body: bytes) -> tuple[grpc.StatusCode, str]:
+    """How a call ended: its status code and details (OK, and the answer's size)."""
+    try:
+        answer = call(body, timeout=5)
+    except grpc.RpcError as error:
+        return error.code(), error.details()
+    return grpc.StatusCode.OK, f"{len(answer)} bytes"
+
+
 def test_a_call_queued_past_its_deadline_is_not_computed():
     """A call whose turn comes after its deadline (queued behind others on a busy service) is refused
     DEADLINE_EXCEEDED before its message is parsed or its heads run, and counted (request_timeout); and a
@@ -751,14 +791,15 @@ def test_a_call_queued_past_its_deadline_is_not_computed():
     fully computed)."""
     from prometheus_client import REGISTRY
 
-    from service.grpc_server import InferenceServicer, _answering
+    from service.grpc_server import HeldAnswers, InferenceServicer, _answering
 
     def count(reason: str) -> float:
         return REGISTRY.get_sample_value("dbf_errors_total", {"reason": reason}) or 0.0
 
     timeouts, gone = count("request_timeout"), count("client_disconnected")
     context = _ExpiredCall()
-    servicer = InferenceServicer(plane=None, version="1")  # nothing of the plane's may be reached
+    # nothing of the plane's may be reached
+    servicer = InferenceServicer(plane=None, version="1", answers=HeldAnswers(0, 1))
     asyncio.run(_answering(servicer.model_infer)(b"not even a message", context))
     assert context.ended == (
         grpc.StatusCode.DEADLINE_EXCEEDED,
