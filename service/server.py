@@ -106,9 +106,15 @@ class ConnectionLimits:
             max_connections=max_connections or settings.max_connections,
             max_body_bytes=settings.max_body_bytes,
             send_window=settings.idle_timeout_seconds,
-            min_send_bytes=max(1, round(settings.body_min_bytes_per_second * settings.idle_timeout_seconds)),
+            min_send_bytes=_bytes_within(settings.body_min_bytes_per_second, settings.idle_timeout_seconds),
             max_unsent_bytes=settings.body_memory_bytes,
         )
+
+
+def _bytes_within(rate: float, seconds: float) -> int:
+    """Bytes at ``rate`` a second within ``seconds`` (which may be infinite): one at least."""
+    wanted = rate * seconds
+    return int(min(wanted, 1 << 62)) if wanted >= 1 else 1  # (no rate: any, one byte a window)
 
 
 class _Refused(Exception):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import math
 import multiprocessing
 import os
 import resource
@@ -22,7 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
+from service.server import ConnectionLimits
+from service.settings import Settings
 from tests.service.conftest import (
     address,
     get,
@@ -523,6 +527,17 @@ def test_an_answer_the_client_does_not_take_is_dropped_with_its_connection():
         assert float(_metric_line(url, UNREAD)) - shed == 2
         for conn in waiting:
             conn.close()
+
+
+@pytest.mark.parametrize(
+    ("idle", "rate", "least"),
+    [(15.0, 1024, 15 * 1024), (math.inf, 1024, 1 << 62), (math.inf, 0, 1), (1.0, 0, 1)],
+)
+def test_what_a_client_must_take_of_its_answer_follows_the_settings_even_unbounded(idle, rate, least):
+    """Bytes a window, from DBF_BODY_MIN_BYTES_PER_SECOND and DBF_IDLE_TIMEOUT_SECONDS (which may be
+    infinite: an int of infinity, or of 0 x infinity, stopped the start)."""
+    settings = Settings(idle_timeout_seconds=idle, body_min_bytes_per_second=rate)
+    assert ConnectionLimits.from_settings(settings).min_send_bytes == least
 
 
 def test_answers_not_taken_are_held_within_the_body_memory_budget():
