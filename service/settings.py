@@ -104,7 +104,8 @@ class Settings(BaseSettings):
     # /redoc); /health, /ready and /metrics stay open. Surrounding whitespace is stripped: a key from a file
     # or a Kubernetes secret often ends in a line break, which no client sends (nor can a bearer token hold).
     # Set but empty (``DBF_API_KEY=``, or a secret that did not materialise) refuses to start: treating it
-    # as unset would open the endpoints an operator meant to close, as a key would lock everyone out.
+    # as unset would open the endpoints an operator meant to close, as a key would lock everyone out. So
+    # does a key that is not printable ASCII, which no client can send.
     api_key: SecretStr | None = Field(
         default=None, description="bearer token; surrounding whitespace (a trailing newline) is stripped"
     )
@@ -172,6 +173,13 @@ class Settings(BaseSettings):
         stripped = key.get_secret_value().strip()
         if not stripped:
             raise ValueError("set but empty: give it a key, or unset it to leave the endpoints open")
+        if not all(" " <= character <= "~" for character in stripped):
+            # gRPC metadata refuses such a value, and HTTP clients send it as UTF-8 where the service reads
+            # Latin-1: a key no client sends locks everyone out as surely as an empty one.
+            raise ValueError(
+                "holds a character that is not printable ASCII (an accent, a line break): no client can "
+                "send it as a bearer token; use letters, digits and punctuation"
+            )
         return SecretStr(stripped)
 
 
