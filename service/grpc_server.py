@@ -217,7 +217,7 @@ def _answering(method: Handler) -> Handler:
             log.exception("unexpected error serving a gRPC call")
             metrics.ERRORS.labels(reason="internal_error").inc()
             code, message = grpc.StatusCode.INTERNAL, "internal error; see the service log"
-        await context.abort(code, message)
+        await context.abort(code, status_details(message))
 
     return answer
 
@@ -267,9 +267,38 @@ def _refusal(
     """A call's behaviour that reads none of its messages (streaming in: any call's kind) and ends it."""
 
     async def refuse(requests: Any, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(code, message)
+        await context.abort(code, status_details(message))
 
     return refuse
+
+
+MOST_DETAILS_BYTES = 4096
+"""The most bytes of a status's message as sent: it travels in the call's trailers, percent-encoded (a
+character not printable ASCII takes three bytes for each of its UTF-8 bytes), which gRPC clients refuse
+beyond 8 KiB by default; they then see RESOURCE_EXHAUSTED, not the status. Messages quote what the request
+named (a model, an input, a method), which may be megabytes long."""
+
+
+def status_details(message: str) -> str:
+    """``message``, its middle cut where it takes more than :data:`MOST_DETAILS_BYTES` sent (a name quoted
+    in it: the place and the fault, at its ends, stay), saying so."""
+    if len(message) * 12 <= MOST_DETAILS_BYTES or len(_fitting(message, MOST_DETAILS_BYTES)) == len(message):
+        return message
+    cut = f" [... {len(message)} characters, cut ...] "
+    room = (MOST_DETAILS_BYTES - len(cut)) // 2
+    head = _fitting(message, room)
+    tail = _fitting(message[::-1], room)[::-1]
+    return f"{head}{cut}{tail}"
+
+
+def _fitting(text: str, room: int) -> str:
+    """The longest start of ``text`` sent in at most ``room`` bytes (read no further)."""
+    used = 0
+    for i, c in enumerate(text):
+        used += 1 if " " <= c <= "~" and c != "%" else 3 * len(c.encode())
+        if used > room:
+            return text[:i]
+    return text
 
 
 class NotServed(grpc.GenericRpcHandler):

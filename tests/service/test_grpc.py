@@ -444,6 +444,30 @@ def test_a_method_not_served_is_unimplemented_saying_what_is(service, method, sa
         assert method in refused.details() and said in refused.details()
 
 
+def test_a_status_quoting_a_long_name_is_short_enough_for_clients_to_read(service):
+    """A status's message travels in the trailers, which gRPC clients refuse past 8 KiB by default: a model
+    or input named with 20,000 characters (quoted in the message) reached the client as RESOURCE_EXHAUSTED
+    ('received metadata size exceeds'), not NOT_FOUND or INVALID_ARGUMENT. The message is now cut."""
+    _, address = service
+    long = "é" * 20_000  # three bytes each, percent-encoded
+    infer = pb.ModelInferRequest(model_name="handwritten")
+    infer.inputs.add(name=long, datatype="FP32", shape=[1, 6])
+    infer.raw_input_contents.append(bytes(24))
+    calls = [
+        ("ModelReady", pb.ModelReadyRequest(name=long), grpc.StatusCode.NOT_FOUND, "no model named"),
+        ("ModelInfer", infer, grpc.StatusCode.INVALID_ARGUMENT, "unknown input"),
+        ("x" * 8000, pb.ModelReadyRequest(), grpc.StatusCode.UNIMPLEMENTED, "is not served"),
+    ]
+    with grpc.insecure_channel(address) as channel:
+        for method, request, code, said in calls:
+            path = f"/inference.GRPCInferenceService/{method}"
+            with pytest.raises(grpc.RpcError) as refused:
+                channel.unary_unary(path)(request.SerializeToString(), timeout=30)
+            assert refused.value.code() == code, refused.value.details()
+            details = refused.value.details()
+            assert said in details and "characters, cut ...]" in details and len(details) <= 4096
+
+
 def test_a_malformed_metadata_request_is_invalid_argument(service):
     _, address = service
     with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
