@@ -58,11 +58,11 @@ class Settings(BaseSettings):
         ge=0,
         description="a body's slowest average rate after its first 10 s, and an answer's (0: any)",
     )
-    # Bytes of request bodies buffered at once, across requests (declared lengths reserved up front,
-    # decompressed bytes counted too); beyond it, 503 overloaded with Retry-After. With bodies of at most
-    # DBF_MAX_BODY_BYTES, the default keeps concurrent big uploads within a 1 GiB pod (docs: limits). So
-    # many bytes of answers, too, may wait for clients that have not taken them (HTTP; beyond it, the
-    # connections that have held theirs longest are dropped).
+    # Bytes of request bodies buffered at once, across requests (as they arrive, decompressed bytes counted
+    # too; a declared length past it is a 413 at once); beyond it, 503 overloaded with Retry-After. With
+    # bodies of at most DBF_MAX_BODY_BYTES, the default keeps concurrent big uploads within a 1 GiB pod
+    # (docs: limits). So many bytes of answers, too, may wait for clients that have not taken them (HTTP:
+    # beyond it, the connections that have held theirs longest are dropped; gRPC: new calls are shed).
     body_memory_bytes: int = Field(
         default=128 * 1024 * 1024,
         ge=1,
