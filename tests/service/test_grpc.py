@@ -698,6 +698,34 @@ def test_messages_are_read_a_few_at_a_time_each_within_the_body_timeout():
     assert metadata.name == "handwritten"
 
 
+def test_calls_that_never_send_their_messages_give_their_read_slots_up_to_others(guarded):
+    """A call that never sent its message held its read slot for DBF_BODY_TIMEOUT_SECONDS (30 s): 19 of
+    them, from one connection, calling health's open Check, kept every other call waiting, the kubelet's
+    liveness probe (gRPC health) too, for 30 s at a time. Now, while calls wait for a slot, a read that has
+    taken a second gives its slot up (UNAVAILABLE, retry later). Here one slot: two idle calls take it and
+    wait for it, and health answers within seconds all the same."""
+    _, address = guarded  # one read slot (DBF_BODY_MEMORY_BYTES under the message limit)
+    never = threading.Event()
+
+    def nothing() -> Any:
+        never.wait()
+        yield b""
+
+    with grpc.insecure_channel(address) as channel:
+        idle = channel.stream_unary("/grpc.health.v1.Health/Check")
+        held = [idle.future(nothing(), timeout=30) for _ in range(2)]
+        time.sleep(0.1)
+        started = time.monotonic()
+        check = health_pb2_grpc.HealthStub(channel).Check
+        answer = check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        waited = time.monotonic() - started
+        never.set()
+        ended = [call.exception(timeout=10) for call in held]
+    assert answer.status == health_pb2.HealthCheckResponse.SERVING and waited < 4, waited
+    shed = [e for e in ended if e is not None and e.code() == grpc.StatusCode.UNAVAILABLE]
+    assert shed and all("had not arrived after 1 s while other calls waited" in e.details() for e in shed)
+
+
 async def _calls_without_their_message(address: str, calls: int) -> list[tuple[str, str]]:
     """How each of ``calls`` concurrent ModelInfer calls that never send a message ends: (code, details)."""
     never = asyncio.Event()
