@@ -7,8 +7,15 @@ wrapped (:meth:`MessageReads.bounded`) so that it asks for its messages itself, 
 waiting for a slot has asked for nothing, and holds at most the stream's small initial window. Reads in
 progress are ``DBF_BODY_MEMORY_BYTES`` over the message limit (at least one); calls waiting for a slot
 beyond ``DBF_MAX_IN_FLIGHT`` are refused (UNAVAILABLE, as REST's overload), and a message not in within
-``DBF_BODY_TIMEOUT_SECONDS`` (checked a few times per timeout) ends its call (DEADLINE_EXCEEDED, as REST's
+``DBF_BODY_TIMEOUT_SECONDS`` (checked a few times a second) ends its call (DEADLINE_EXCEEDED, as REST's
 408).
+
+How much of a message has come is not known until all of it has, so a call that sends nothing holds its
+slot as long as one that sends megabytes: 19 calls that never sent their messages (from one connection,
+calling an open method such as health's) held every slot for the timeout, and every other call waited,
+the kubelet's liveness probe (gRPC health) too, again as they came back. So while calls wait for a slot,
+the reads that have taken longer than :data:`STALE_READ_SECONDS` give theirs up, longest first (their calls
+UNAVAILABLE: retry later), as the HTTP side closes the stalest connection over its cap.
 """
 
 from __future__ import annotations
@@ -22,6 +29,13 @@ import grpc
 
 from service.errors import InvalidInput, Overloaded, RequestTimeout
 
+STALE_READ_SECONDS = 1.0
+"""A read in progress this long gives its slot up to a call waiting for one: a message of the largest size
+takes a fraction of it on any network a client of this service is on, and a probe waits at most about that
+long (the kubelet's gRPC probe allows 1 s by default)."""
+# How often the reads in progress are looked at (deadlines, stale reads): a fraction of STALE_READ_SECONDS.
+_SWEEP_SECONDS = STALE_READ_SECONDS / 4
+
 
 class MessageReads:
     """Read slots for request messages, shared by every call of one gRPC server."""
@@ -30,10 +44,10 @@ class MessageReads:
         self._slots = asyncio.Semaphore(max(1, slots))
         self.max_waiting, self.timeout, self.retry_after = max_waiting, timeout, retry_after
         self.waiting = 0
-        # Reads in progress and their deadlines, checked by one sweeping task: a timer per read
-        # (asyncio.timeout) cost one-sample calls 4% of their throughput.
+        # Reads in progress (oldest first) and their starts, checked by one sweeping task: a timer per read
+        # (asyncio.timeout) cost one-sample calls 4% of their throughput. Reads cut, and why.
         self._reading: dict[asyncio.Task, float] = {}
-        self._expired: set[asyncio.Task] = set()
+        self._expired: dict[asyncio.Task, Exception] = {}
         self._sweeper: asyncio.Task | None = None
 
     async def read(self, context: grpc.aio.ServicerContext) -> Any:
@@ -45,36 +59,51 @@ class MessageReads:
             await self._slots.acquire()  # free: returns at once
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
-        self._reading[task] = loop.time() + self.timeout
+        self._reading[task] = loop.time()
         if self._sweeper is None:
             self._sweeper = loop.create_task(self._sweep())
         try:
             return await context.read()
         except asyncio.CancelledError:
-            if task not in self._expired:  # the client went away, or the server stops
+            cut = self._expired.pop(task, None)
+            if cut is None:  # the client went away, or the server stops
                 raise
-            self._expired.discard(task)
             task.uncancel()
-            raise RequestTimeout(
-                f"the request message did not arrive within {self.timeout:g} s (DBF_BODY_TIMEOUT_SECONDS)"
-            ) from None
+            raise cut from None
         finally:
             del self._reading[task]
             self._slots.release()
 
     async def _sweep(self) -> None:
-        """Cancel the reads past their deadline, a few times per timeout, while any is in progress."""
+        """Cut the reads past their deadline, and stale ones while calls wait for a slot, a few times a
+        second while any read is in progress."""
         loop = asyncio.get_running_loop()
         try:
             while self._reading:
-                await asyncio.sleep(min(1.0, self.timeout / 4))
+                await asyncio.sleep(min(_SWEEP_SECONDS, self.timeout / 4))
                 now = loop.time()
-                for task, deadline in list(self._reading.items()):
-                    if deadline <= now and task not in self._expired:
-                        self._expired.add(task)
-                        task.cancel()
+                for task, started in list(self._reading.items()):
+                    if started + self.timeout <= now and task not in self._expired:
+                        self._cut(task, RequestTimeout(_LATE % self.timeout))
+                self._shed_stale(now)
         finally:
             self._sweeper = None
+
+    def _shed_stale(self, now: float) -> None:
+        """For each call waiting for a slot (that no read already cut frees), cut the read that has taken
+        longest, if it has taken :data:`STALE_READ_SECONDS` or more."""
+        wanted = self.waiting - len(self._expired)
+        for task, started in list(self._reading.items()):  # oldest first
+            if wanted <= 0 or now - started < STALE_READ_SECONDS:
+                return
+            if task not in self._expired:
+                retry = {"Retry-After": str(self.retry_after)}
+                self._cut(task, Overloaded(_SHED % STALE_READ_SECONDS, headers=retry))
+                wanted -= 1
+
+    def _cut(self, task: asyncio.Task, error: Exception) -> None:
+        self._expired[task] = error
+        task.cancel()
 
     async def _wait_for_slot(self) -> None:
         if self.waiting >= self.max_waiting:
@@ -85,6 +114,7 @@ class MessageReads:
             )
         self.waiting += 1
         try:
+            self._shed_stale(asyncio.get_running_loop().time())
             await self._slots.acquire()
         finally:
             self.waiting -= 1
@@ -141,6 +171,13 @@ class MessageReads:
     ) -> AsyncIterator[Any]:
         while (message := await self.read(context)) is not grpc.aio.EOF:
             yield deserialize(message)
+
+
+_LATE = "the request message did not arrive within %g s (DBF_BODY_TIMEOUT_SECONDS)"
+_SHED = (
+    "the request message had not arrived after %g s while other calls waited to send theirs (every read "
+    "slot taken); retry later"
+)
 
 
 def _as_is(message: Any) -> Any:

@@ -8,8 +8,11 @@ as tensors (:func:`service.repository.message_limit`; decompressed: gzip is gRPC
 time within the body timeout (:mod:`service.grpc_reads`), held in the body budget while it is served,
 ``DBF_MAX_SAMPLES``, the in-flight slots, the client's deadline (its cancellation frees the slot),
 ``DBF_API_KEY`` as ``authorization: Bearer <key>`` metadata, checked before the message is read
-(:class:`KeyFirst`). Domain errors become gRPC status codes here, with REST's messages
-(:data:`STATUS`); a bug is INTERNAL, never a client's mistake.
+(:class:`KeyFirst`). Answers that their clients do not take (a call whose client never reads: gRPC holds its
+answer until the client's flow-control window lets it go) are counted until their calls end
+(:class:`HeldAnswers`), and connections are closed after ``DBF_GRPC_MAX_CONNECTION_AGE_SECONDS`` (gRPC
+cannot drop one call), so that neither holds memory for good. Domain errors become gRPC status codes
+here, with REST's messages (:data:`STATUS`); a bug is INTERNAL, never a client's mistake.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from pydantic import SecretStr
 from service import grpc_codec, metrics
 from service.auth import TWICE, bearer_token, verify_token
 from service.dataplane import BodyBudget, DataPlane
-from service.errors import RequestTimeout, ServiceError, Unauthorized
+from service.errors import Overloaded, RequestTimeout, ServiceError, Unauthorized
 from service.grpc_reads import BoundedServer, MessageReads
 from service.proto import grpc_predict_v2_pb2 as pb
 from service.repository import message_limit
@@ -79,11 +82,44 @@ class _Held:
         self.budget.release(len(self.message))
 
 
+class HeldAnswers:
+    """Bytes of ModelInfer answers whose calls have not ended: gRPC holds an answer until the client's
+    flow-control window takes it, and a client that never reads (a window of 0, a call it never consumes)
+    left it there for good; 40 such calls held 145 MB. Past ``limit`` (``DBF_BODY_MEMORY_BYTES``), new calls
+    are shed (UNAVAILABLE) until the connections holding them close
+    (``DBF_GRPC_MAX_CONNECTION_AGE_SECONDS``): gRPC cannot drop one call's answer. (Each answer held costs
+    about 3.5 times its size: the two copies counted, and the call's buffers in gRPC.)"""
+
+    def __init__(self, limit: int, retry_after: int) -> None:
+        self.limit, self.retry_after, self.bytes = limit, retry_after, 0
+
+    def admit(self, size: int = 0) -> None:
+        """Shed a call (:class:`Overloaded`) while the answers held and ``size`` bytes more pass the limit
+        (an answer alone passes: a limit below the biggest answer must not refuse every one)."""
+        if self.bytes and self.bytes + size > self.limit:
+            raise Overloaded(
+                f"{self.bytes} bytes of answers wait for clients that have not taken them, the most this "
+                "service holds (DBF_BODY_MEMORY_BYTES); retry later",
+                headers={"Retry-After": str(self.retry_after)},
+            )
+
+    def hold(self, answer: bytes, context: grpc.aio.ServicerContext) -> None:
+        """Count ``answer`` until its call ends (sent, cancelled, or its connection gone); shed where it
+        does not fit (calls admitted together may answer more than the room left)."""
+        size = 2 * len(answer)  # the service's bytes, held by grpc.aio until it is sent, and gRPC's copy
+        self.admit(size)
+        self.bytes += size
+        context.add_done_callback(lambda _: self._release(size))
+
+    def _release(self, size: int) -> None:
+        self.bytes -= size
+
+
 class InferenceServicer:
     """The RPCs of ``inference.GRPCInferenceService`` over the data plane."""
 
-    def __init__(self, plane: DataPlane, version: str) -> None:
-        self.plane, self.version = plane, version
+    def __init__(self, plane: DataPlane, version: str, answers: HeldAnswers) -> None:
+        self.plane, self.version, self.answers = plane, version, answers
 
     async def server_live(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
@@ -111,6 +147,7 @@ class InferenceServicer:
         remaining = context.time_remaining()
         if remaining is not None and remaining <= 0:  # queued past its deadline: nobody awaits the answer
             raise RequestTimeout("the call's deadline passed before it could be served")
+        self.answers.admit()
         headers = _metadata(context)
         plane = self.plane
         message = await plane.run(grpc_codec.parse, body, inline=len(body) <= INLINE_MESSAGE_BYTES)
@@ -119,7 +156,9 @@ class InferenceServicer:
         name, version = request.model_name, request.model_version or None
         held = _Held(plane.bodies, message)
         delay = plane.settings.grpc_batch_delay_ms / 1000
-        return await plane.serve(grpc_codec, name, version, headers, held, batch_delay=delay)
+        answer = await plane.serve(grpc_codec, name, version, headers, held, batch_delay=delay)
+        self.answers.hold(answer, context)
+        return answer
 
     def method_handlers(self) -> dict[str, grpc.RpcMethodHandler]:
         """The service's method handlers by name, requests and answers as bytes (the messages read by
@@ -178,7 +217,7 @@ def _answering(method: Handler) -> Handler:
             log.exception("unexpected error serving a gRPC call")
             metrics.ERRORS.labels(reason="internal_error").inc()
             code, message = grpc.StatusCode.INTERNAL, "internal error; see the service log"
-        await context.abort(code, message)
+        await context.abort(code, status_details(message))
 
     return answer
 
@@ -228,9 +267,38 @@ def _refusal(
     """A call's behaviour that reads none of its messages (streaming in: any call's kind) and ends it."""
 
     async def refuse(requests: Any, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(code, message)
+        await context.abort(code, status_details(message))
 
     return refuse
+
+
+MOST_DETAILS_BYTES = 4096
+"""The most bytes of a status's message as sent: it travels in the call's trailers, percent-encoded (a
+character not printable ASCII takes three bytes for each of its UTF-8 bytes), which gRPC clients refuse
+beyond 8 KiB by default; they then see RESOURCE_EXHAUSTED, not the status. Messages quote what the request
+named (a model, an input, a method), which may be megabytes long."""
+
+
+def status_details(message: str) -> str:
+    """``message``, its middle cut where it takes more than :data:`MOST_DETAILS_BYTES` sent (a name quoted
+    in it: the place and the fault, at its ends, stay), saying so."""
+    if len(message) * 12 <= MOST_DETAILS_BYTES or len(_fitting(message, MOST_DETAILS_BYTES)) == len(message):
+        return message
+    cut = f" [... {len(message)} characters, cut ...] "
+    room = (MOST_DETAILS_BYTES - len(cut)) // 2
+    head = _fitting(message, room)
+    tail = _fitting(message[::-1], room)[::-1]
+    return f"{head}{cut}{tail}"
+
+
+def _fitting(text: str, room: int) -> str:
+    """The longest start of ``text`` sent in at most ``room`` bytes (read no further)."""
+    used = 0
+    for i, c in enumerate(text):
+        used += 1 if " " <= c <= "~" and c != "%" else 3 * len(c.encode())
+        if used > room:
+            return text[:i]
+    return text
 
 
 class NotServed(grpc.GenericRpcHandler):
@@ -319,6 +387,10 @@ async def start(plane: DataPlane, settings: Settings, version: str) -> GrpcFront
         # HTTP's connection limits: idle connections close, and at most so many are open at once (else a
         # flood of sockets that only say hello holds the process's file descriptors, probes' included).
         ("grpc.max_connection_idle_ms", _int32(settings.idle_timeout_seconds * 1000)),
+        # A connection's life, then its calls' time to end: the only way gRPC drops a call whose client
+        # does not take its answer (HeldAnswers counts them meanwhile).
+        ("grpc.max_connection_age_ms", _int32(settings.grpc_max_connection_age_seconds * 1000)),
+        ("grpc.max_connection_age_grace_ms", _int32(settings.graceful_shutdown_seconds * 1000)),
         ("grpc.max_allowed_incoming_connections", _int32(settings.max_connections)),
         # HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS (gRPC sends none unless asked): a client opens at most
         # so many calls on one connection, and queues the others itself.
@@ -333,7 +405,8 @@ async def start(plane: DataPlane, settings: Settings, version: str) -> GrpcFront
         retry_after=settings.retry_after_seconds,
     )
     bounded = BoundedServer(server, reads, _answering)
-    methods = InferenceServicer(plane, version).method_handlers()
+    answers = HeldAnswers(settings.body_memory_bytes, settings.retry_after_seconds)
+    methods = InferenceServicer(plane, version, answers).method_handlers()
     bounded.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(grpc_codec.SERVICE, methods),))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, bounded)

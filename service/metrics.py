@@ -71,7 +71,8 @@ OPEN_CONNECTIONS = Gauge("dbf_open_connections", "Open HTTP connections.", multi
 CONNECTIONS_SHED = Counter(
     "dbf_connections_shed",
     "Connections closed to stay within DBF_MAX_CONNECTIONS, by what they were doing: waiting for a request, "
-    "receiving its body, or new (refused: every other connection was being answered).",
+    "receiving its body, or new (refused: every other connection was being answered); and unread: dropped "
+    "because its client did not take its answer in time, or the answers held passed DBF_BODY_MEMORY_BYTES.",
     ["state"],
 )
 # Gauges say how worker processes combine (PROMETHEUS_MULTIPROC_DIR, set by `python -m service --workers N`):
@@ -121,7 +122,7 @@ def initialise(models: dict[str, list[str]], methods: tuple[str, ...], reasons: 
         ERRORS.labels(reason=reason)
     for outcome in ("success", "failure"):
         RELOADS.labels(outcome)
-    for state in ("waiting", "receiving", "new"):
+    for state in ("waiting", "receiving", "new", "unread"):
         CONNECTIONS_SHED.labels(state)
 
 

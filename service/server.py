@@ -19,6 +19,12 @@ connection:
   of idle, half-sent or slow-body sockets cannot shut anyone out, probes included: each new connection
   takes the place of the stalest one. Only when every connection is being answered is a new one refused;
 
+- **answers not taken**: an answer is written whole, and what the client's socket does not take is held in
+  memory (a closing transport too keeps it, and its socket, until it is sent): a client that asks and never
+  reads kept its answer for good. While some is held, the client must take at least
+  ``DBF_BODY_MIN_BYTES_PER_SECOND`` on average over each ``DBF_IDLE_TIMEOUT_SECONDS`` (a byte at least),
+  and all connections together hold at most ``DBF_BODY_MEMORY_BYTES`` besides the newest answer: else the
+  connection is dropped (the one that has held its answer longest, for the second), answer and all;
 - **upgrades**: a request asking to Upgrade (to a websocket, h2c) or a CONNECT is answered as plain HTTP/1.1
   and its connection then closed (the parser reads nothing after it; one with a body is refused, 400); a
   head the parser refuses is answered in the service's words, never with the name of a failed callback;
@@ -47,6 +53,8 @@ import asyncio
 import http
 import logging
 import resource
+import socket
+import struct
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -85,6 +93,9 @@ class ConnectionLimits:
     header_timeout: float
     max_connections: int
     max_body_bytes: int
+    send_window: float  # seconds within which a client must take min_send_bytes of an answer held for it
+    min_send_bytes: int
+    max_unsent_bytes: int  # of answers held for clients, all connections together
 
     @classmethod
     def from_settings(cls, settings: Settings, *, max_connections: int | None = None) -> ConnectionLimits:
@@ -94,7 +105,16 @@ class ConnectionLimits:
             header_timeout=settings.header_timeout_seconds,
             max_connections=max_connections or settings.max_connections,
             max_body_bytes=settings.max_body_bytes,
+            send_window=settings.idle_timeout_seconds,
+            min_send_bytes=_bytes_within(settings.body_min_bytes_per_second, settings.idle_timeout_seconds),
+            max_unsent_bytes=settings.body_memory_bytes,
         )
+
+
+def _bytes_within(rate: float, seconds: float) -> int:
+    """Bytes at ``rate`` a second within ``seconds`` (which may be infinite): one at least."""
+    wanted = rate * seconds
+    return int(min(wanted, 1 << 62)) if wanted >= 1 else 1  # (no rate: any, one byte a window)
 
 
 class _Refused(Exception):
@@ -113,6 +133,10 @@ class ConnectionBook:
             "answering": OrderedDict(),
         }
         self.count = 0
+        # Connections holding bytes of answers their clients have not taken, held longest first, with the
+        # bytes counted at the last look; and those bytes, all together.
+        self.unsent: OrderedDict[GuardedHttpProtocol, int] = OrderedDict()
+        self.unsent_bytes = 0
 
     def move(self, connection: GuardedHttpProtocol, place: str) -> None:
         """To the newest end of ``place``; a connection closed (or shed) stays out."""
@@ -148,6 +172,39 @@ class ConnectionBook:
         metrics.OPEN_CONNECTIONS.inc()
         return True
 
+    def hold(self, connection: GuardedHttpProtocol, size: int, limit: int) -> None:
+        """Count ``size`` bytes of answers held for ``connection``'s client now (0: none, or gone); past
+        ``limit`` for all together, drop the connections that have held theirs longest (but ``connection``)
+        until the rest fit."""
+        counted = self.unsent.get(connection)
+        if counted is None and not size:
+            return
+        if size:
+            self.unsent[connection] = size  # (a connection counted already keeps its place)
+        else:
+            del self.unsent[connection]
+        self.unsent_bytes += size - (counted or 0)
+        if self.unsent_bytes > limit:
+            self._shed_unsent(limit, connection)
+
+    def _shed_unsent(self, limit: int, newest: GuardedHttpProtocol) -> None:
+        for other in list(self.unsent):  # the counts first: clients may have taken theirs since
+            held = other.transport.get_write_buffer_size()
+            self.unsent_bytes += held - self.unsent[other]
+            if held:
+                self.unsent[other] = held
+            else:
+                del self.unsent[other]
+        for other in list(self.unsent):
+            if self.unsent_bytes <= limit:
+                return
+            if other is not newest:
+                self.unsent_bytes -= self.unsent.pop(other)
+                other.drop_unread()
+
+
+# SO_LINGER on, for 0 s: a socket closed with bytes unsent is reset, its bytes discarded.
+_RESET_ON_CLOSE = struct.pack("ii", 1, 0)
 
 # One book per uvicorn server (in practice: per worker process), found from the state its protocols share.
 _BOOKS: WeakKeyDictionary[ServerState, ConnectionBook] = WeakKeyDictionary()
@@ -176,6 +233,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.chunk_len = 0  # this chunk's, if the head began with it (else more than the limit: count)
         self.refusal: tuple[int, str, str] | None = None
         self.drain_left: int | None = None  # bytes still taken of an answered request's body (None: none)
+        # While asyncio holds bytes of answers for the client: the next check that it takes them, and how
+        # many were held at the last (or since the last answer's end).
+        self.send_check: asyncio.TimerHandle | None = None
+        self.send_held = 0
 
     # --- connection ---------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -192,7 +253,21 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.book.close(self)
         self._cancel_deadline()
+        self.book.hold(self, 0, self.limits.max_unsent_bytes)
+        if self.send_check is not None:
+            self.send_check.cancel()
+            self.send_check = None
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        # asyncio holds more than its high-water mark of answers the client has not taken.
+        super().pause_writing()
+        self._hold_unsent(new_answer=False)
+
+    def resume_writing(self) -> None:
+        # The client took all but asyncio's low-water mark of it.
+        super().resume_writing()
+        self.book.hold(self, self.transport.get_write_buffer_size(), self.limits.max_unsent_bytes)
 
     def data_received(self, data: bytes) -> None:
         # uvicorn's, with the head limits and the head deadline.
@@ -280,6 +355,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         body_unread = self.cycle.more_body
         super().on_response_complete()
+        if self.transport.get_write_buffer_size():
+            # Some of the answer waits for the client, which may never take it: watched from its end (an
+            # answer is only written once the one before has mostly gone).
+            self._hold_unsent(new_answer=True)
         if self.transport.is_closing():  # Connection: close (on a 413, see ConnectionAnswers)
             return
         if not self.cycle.response_complete:  # a pipelined request, all in, has just been started
@@ -350,6 +429,48 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         )
         self.transport.write(b"".join(head) + body)
         self.transport.close()
+        if self.transport.get_write_buffer_size():
+            self._hold_unsent(new_answer=False)
+
+    # --- answers the client has not taken -----------------------------------------------------------
+    def _hold_unsent(self, *, new_answer: bool) -> None:
+        """Count what asyncio holds for the client now in the book (:meth:`ConnectionBook.hold`), and check
+        a send window from now that the client has taken enough of it (:meth:`_check_sending`): from a new
+        answer's end, or from now if no check is due."""
+        held = self.transport.get_write_buffer_size()
+        self.book.hold(self, held, self.limits.max_unsent_bytes)
+        if self.send_check is None or new_answer:
+            self._check_sending_later(held)
+
+    def _check_sending_later(self, held: int) -> None:
+        if self.send_check is not None:
+            self.send_check.cancel()
+        self.send_held = held
+        self.send_check = self.loop.call_later(self.limits.send_window, self._check_sending)
+
+    def _check_sending(self) -> None:
+        """Drop the connection if its client took less than ``min_send_bytes`` of the answers held for it
+        in the last send window; else check again a window later, while any are held."""
+        self.send_check = None
+        held = self.transport.get_write_buffer_size()
+        self.book.hold(self, held, self.limits.max_unsent_bytes)
+        if not held:
+            return
+        if self.send_held - held < self.limits.min_send_bytes:
+            self.book.hold(self, 0, self.limits.max_unsent_bytes)
+            self.drop_unread()
+            return
+        self._check_sending_later(held)
+
+    def drop_unread(self) -> None:
+        """Reset the connection, answers held and all: close() would wait for the client to take what
+        asyncio holds, and the kernel would still send what its socket holds (megabytes) once closed."""
+        log.debug("dropped a connection whose client does not take its answer")
+        metrics.CONNECTIONS_SHED.labels("unread").inc()
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
+        self.transport.abort()
 
     def _cancel_deadline(self) -> None:
         if self.deadline is not None:

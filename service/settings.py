@@ -50,15 +50,23 @@ class Settings(BaseSettings):
     # Slow bodies: the whole body within this many seconds, and on average at no less than this many bytes a
     # second after its first ten (a stalled or trickling upload gets 408 and its connection closed).
     # Requests take a predict slot only once their body is in, so slow senders never crowd out the others.
+    # The rate holds for answers too: an answer that its client does not take at this rate, over each
+    # DBF_IDLE_TIMEOUT_SECONDS, is dropped with its connection (service/server.py).
     body_timeout_seconds: float = Field(default=30.0, gt=0, description="a body's longest time to arrive")
     body_min_bytes_per_second: int = Field(
-        default=1024, ge=0, description="a body's slowest average rate after its first 10 s (0: any)"
+        default=1024,
+        ge=0,
+        description="a body's slowest average rate after its first 10 s, and an answer's (0: any)",
     )
-    # Bytes of request bodies buffered at once, across requests (declared lengths reserved up front,
-    # decompressed bytes counted too); beyond it, 503 overloaded with Retry-After. With bodies of at most
-    # DBF_MAX_BODY_BYTES, the default keeps concurrent big uploads within a 1 GiB pod (docs: limits).
+    # Bytes of request bodies buffered at once, across requests (as they arrive, decompressed bytes counted
+    # too; a declared length past it is a 413 at once); beyond it, 503 overloaded with Retry-After. With
+    # bodies of at most DBF_MAX_BODY_BYTES, the default keeps concurrent big uploads within a 1 GiB pod
+    # (docs: limits). So many bytes of answers, too, may wait for clients that have not taken them (HTTP:
+    # beyond it, the connections that have held theirs longest are dropped; gRPC: new calls are shed).
     body_memory_bytes: int = Field(
-        default=128 * 1024 * 1024, ge=1, description="request body bytes buffered at once, all requests"
+        default=128 * 1024 * 1024,
+        ge=1,
+        description="request body bytes buffered at once, all requests (and, apart, answers held)",
     )
     # Load shedding: requests past this many in flight (queued or running) get 503 + Retry-After at once,
     # rather than waiting in an unbounded queue until their clients time out.
@@ -81,6 +89,12 @@ class Settings(BaseSettings):
     grpc_batch_delay_ms: float = Field(
         default=1.0, ge=0, le=1000, description="a batch holding a gRPC call waits this long for more"
     )
+    # A gRPC connection is told to go (GOAWAY) after this long, and closed, whatever it holds, once its calls
+    # have had DBF_GRACEFUL_SHUTDOWN_SECONDS more to finish: gRPC offers no other way to drop a call whose
+    # client does not take its answer (each holds it in memory). Clients reconnect by themselves.
+    grpc_max_connection_age_seconds: float = Field(
+        default=300.0, gt=0, description="a gRPC connection's longest life (its client reconnects)"
+    )
     # Hot reload: POST /v1/admin/reload, or a poll of the model directory every this many seconds (0: off).
     reload_poll_seconds: float = Field(default=0.0, ge=0, description="seconds between polls (0: off)")
     # A reload not done by then is refused (409) and its load abandoned: a file that blocks on read (a hung
@@ -90,7 +104,8 @@ class Settings(BaseSettings):
     # /redoc); /health, /ready and /metrics stay open. Surrounding whitespace is stripped: a key from a file
     # or a Kubernetes secret often ends in a line break, which no client sends (nor can a bearer token hold).
     # Set but empty (``DBF_API_KEY=``, or a secret that did not materialise) refuses to start: treating it
-    # as unset would open the endpoints an operator meant to close, as a key would lock everyone out.
+    # as unset would open the endpoints an operator meant to close, as a key would lock everyone out. So
+    # does a key that is not printable ASCII, which no client can send.
     api_key: SecretStr | None = Field(
         default=None, description="bearer token; surrounding whitespace (a trailing newline) is stripped"
     )
@@ -158,6 +173,13 @@ class Settings(BaseSettings):
         stripped = key.get_secret_value().strip()
         if not stripped:
             raise ValueError("set but empty: give it a key, or unset it to leave the endpoints open")
+        if not all(" " <= character <= "~" for character in stripped):
+            # gRPC metadata refuses such a value, and HTTP clients send it as UTF-8 where the service reads
+            # Latin-1: a key no client sends locks everyone out as surely as an empty one.
+            raise ValueError(
+                "holds a character that is not printable ASCII (an accent, a line break): no client can "
+                "send it as a bearer token; use letters, digits and punctuation"
+            )
         return SecretStr(stripped)
 
 

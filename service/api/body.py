@@ -1,9 +1,9 @@
 """A request's body, read defensively: its declared length checked before anything arrives, its bytes bounded
 (``DBF_MAX_BODY_BYTES``, decompressed too), its arrival timed (``DBF_BODY_TIMEOUT_SECONDS`` and
 ``DBF_BODY_MIN_BYTES_PER_SECOND``), and its memory reserved in the data plane's budget
-(``DBF_BODY_MEMORY_BYTES``) until the answer is sent. ``Content-Encoding: gzip`` and ``deflate`` bodies (as
-tritonclient's ``request_compression_algorithm`` sends them) are decompressed a piece at a time, each piece's
-memory reserved in the budget before it is produced, never past the size limit.
+(``DBF_BODY_MEMORY_BYTES``) as its bytes arrive, until the answer is sent. ``Content-Encoding: gzip`` and
+``deflate`` bodies (as tritonclient's ``request_compression_algorithm`` sends them) are decompressed a piece
+at a time, each piece's memory reserved in the budget before it is produced, never past the size limit.
 """
 
 from __future__ import annotations
@@ -76,7 +76,10 @@ class Received:
                 f"Content-Encoding {encoding[:40]!r} is not supported; send identity, gzip or deflate"
             )
         if declared is not None:
-            self._reserve(declared)
+            # Room is held for the bytes that have come, not for those declared: a declared length reserved
+            # up front let four sockets that sent a byte each shut every body out (503) for 10 s at a time.
+            # A body the whole budget cannot hold is refused now (413), unread.
+            self.plane.bodies.reserve(0, body=declared)
         body = await self._receive()
         if encoding == "identity":
             return body

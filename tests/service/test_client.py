@@ -128,9 +128,9 @@ def test_the_key_retries_and_errors_a_user_handles():
 
 @contextlib.contextmanager
 def _upload_held(base: str, declared: int, key: str) -> Iterator[None]:
-    """A predict request that declares ``declared`` bytes of body and sends one, held open: the service
-    reserves the declared length in its body budget as the body starts (until it times out). Yields once
-    a one-sample request is shed for it."""
+    """A predict request that declares ``declared`` bytes of body and sends all but the last, held open:
+    the service holds them in its body budget (until the body times out). Yields once a one-sample request
+    is shed for it."""
     host, port = base.removeprefix("http://").split(":")
     head = (
         f"POST /v1/models/cub/predict HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n"
@@ -138,7 +138,7 @@ def _upload_held(base: str, declared: int, key: str) -> Iterator[None]:
     )
     probe = {"samples": [{"views": {"image": [0.0] * 1024, "text": [0.0] * 300}}]}
     with socket.create_connection((host, int(port)), timeout=30) as held:
-        held.sendall(head.encode())
+        held.sendall(head.encode() + b" " * (declared - 2))
         for _ in range(200):  # the hold is in once the service has read its head (another connection)
             answer = httpx.post(
                 f"{base}/v1/models/cub/predict", json=probe, headers={"Authorization": f"Bearer {key}"}

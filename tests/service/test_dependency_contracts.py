@@ -67,6 +67,7 @@ def test_uvicorn_protocol_methods_that_guarded_protocol_overrides():
         "on_headers_complete",
         "on_message_complete",
         "on_response_complete",
+        "pause_writing",
         "timeout_keep_alive_handler",
         "_unset_keepalive_if_required",
     ):

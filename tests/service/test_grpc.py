@@ -444,6 +444,30 @@ def test_a_method_not_served_is_unimplemented_saying_what_is(service, method, sa
         assert method in refused.details() and said in refused.details()
 
 
+def test_a_status_quoting_a_long_name_is_short_enough_for_clients_to_read(service):
+    """A status's message travels in the trailers, which gRPC clients refuse past 8 KiB by default: a model
+    or input named with 20,000 characters (quoted in the message) reached the client as RESOURCE_EXHAUSTED
+    ('received metadata size exceeds'), not NOT_FOUND or INVALID_ARGUMENT. The message is now cut."""
+    _, address = service
+    long = "é" * 20_000  # three bytes each, percent-encoded
+    infer = pb.ModelInferRequest(model_name="handwritten")
+    infer.inputs.add(name=long, datatype="FP32", shape=[1, 6])
+    infer.raw_input_contents.append(bytes(24))
+    calls = [
+        ("ModelReady", pb.ModelReadyRequest(name=long), grpc.StatusCode.NOT_FOUND, "no model named"),
+        ("ModelInfer", infer, grpc.StatusCode.INVALID_ARGUMENT, "unknown input"),
+        ("x" * 8000, pb.ModelReadyRequest(), grpc.StatusCode.UNIMPLEMENTED, "is not served"),
+    ]
+    with grpc.insecure_channel(address) as channel:
+        for method, request, code, said in calls:
+            path = f"/inference.GRPCInferenceService/{method}"
+            with pytest.raises(grpc.RpcError) as refused:
+                channel.unary_unary(path)(request.SerializeToString(), timeout=30)
+            assert refused.value.code() == code, refused.value.details()
+            details = refused.value.details()
+            assert said in details and "characters, cut ...]" in details and len(details) <= 4096
+
+
 def test_a_malformed_metadata_request_is_invalid_argument(service):
     _, address = service
     with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
@@ -674,6 +698,34 @@ def test_messages_are_read_a_few_at_a_time_each_within_the_body_timeout():
     assert metadata.name == "handwritten"
 
 
+def test_calls_that_never_send_their_messages_give_their_read_slots_up_to_others(guarded):
+    """A call that never sent its message held its read slot for DBF_BODY_TIMEOUT_SECONDS (30 s): 19 of
+    them, from one connection, calling health's open Check, kept every other call waiting, the kubelet's
+    liveness probe (gRPC health) too, for 30 s at a time. Now, while calls wait for a slot, a read that has
+    taken a second gives its slot up (UNAVAILABLE, retry later). Here one slot: two idle calls take it and
+    wait for it, and health answers within seconds all the same."""
+    _, address = guarded  # one read slot (DBF_BODY_MEMORY_BYTES under the message limit)
+    never = threading.Event()
+
+    def nothing() -> Any:
+        never.wait()
+        yield b""
+
+    with grpc.insecure_channel(address) as channel:
+        idle = channel.stream_unary("/grpc.health.v1.Health/Check")
+        held = [idle.future(nothing(), timeout=30) for _ in range(2)]
+        time.sleep(0.1)
+        started = time.monotonic()
+        check = health_pb2_grpc.HealthStub(channel).Check
+        answer = check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        waited = time.monotonic() - started
+        never.set()
+        ended = [call.exception(timeout=10) for call in held]
+    assert answer.status == health_pb2.HealthCheckResponse.SERVING and waited < 4, waited
+    shed = [e for e in ended if e is not None and e.code() == grpc.StatusCode.UNAVAILABLE]
+    assert shed and all("had not arrived after 1 s while other calls waited" in e.details() for e in shed)
+
+
 async def _calls_without_their_message(address: str, calls: int) -> list[tuple[str, str]]:
     """How each of ``calls`` concurrent ModelInfer calls that never send a message ends: (code, details)."""
     never = asyncio.Event()
@@ -743,6 +795,46 @@ class _ExpiredCall:
         self.ended = code, details
 
 
+def test_answers_their_clients_do_not_take_are_bounded_and_dropped_with_their_connections():
+    """A client that calls and never reads its answer (a response stream it never consumes: its flow-control
+    window stays shut) left the answer in the service's memory for good: 40 such calls of PIE held 145 MB.
+    Now answers not taken count within DBF_BODY_MEMORY_BYTES (past it, new calls are UNAVAILABLE, as REST's
+    overload), and a connection closes after DBF_GRPC_MAX_CONNECTION_AGE_SECONDS and the grace, dropping
+    them; then calls are served again."""
+    port = free_port()
+    settings = {"body_memory_bytes": 8 << 20, "grpc_max_connection_age_seconds": 1}
+    with serving(MODELS / "pie", grpc_port=port, graceful_shutdown_seconds=0.5, **settings):
+        request = pb.ModelInferRequest(model_name="pie")
+        request.inputs.add(name="lbp", datatype="FP32", shape=[1024, 256])
+        request.raw_input_contents.append(np.zeros((1024, 256), np.float32).tobytes())  # a 1.5 MB answer
+        body = request.SerializeToString()
+        options = [("grpc.http2.bdp_probe", 0), ("grpc.max_receive_message_length", -1)]
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+            path = "/inference.GRPCInferenceService/ModelInfer"
+            unread = channel.unary_stream(path)  # the same call on the wire: one message, then the status
+            calls = [unread(body) for _ in range(12)]  # 18 MB not taken
+            infer = channel.unary_unary(path)
+            deadline, refusal = time.monotonic() + 5, "answers wait for clients that have not taken them"
+            while refusal not in (status := _status(infer, body))[1] and time.monotonic() < deadline:
+                time.sleep(0.05)  # (meanwhile their messages may fill the body budget: UNAVAILABLE too)
+            assert status[0] == grpc.StatusCode.UNAVAILABLE and refusal in status[1], status
+            deadline = time.monotonic() + 5  # the connections holding them close (1 s, 0.5 s of grace)
+            while (status := _status(infer, body))[0] != grpc.StatusCode.OK and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert status[0] == grpc.StatusCode.OK, status
+            for call in calls:
+                call.cancel()
+
+
+def _status(call: Any, body: bytes) -> tuple[grpc.StatusCode, str]:
+    """How a call ended: its status code and details (OK, and the answer's size)."""
+    try:
+        answer = call(body, timeout=5)
+    except grpc.RpcError as error:
+        return error.code(), error.details()
+    return grpc.StatusCode.OK, f"{len(answer)} bytes"
+
+
 def test_a_call_queued_past_its_deadline_is_not_computed():
     """A call whose turn comes after its deadline (queued behind others on a busy service) is refused
     DEADLINE_EXCEEDED before its message is parsed or its heads run, and counted (request_timeout); and a
@@ -751,14 +843,15 @@ def test_a_call_queued_past_its_deadline_is_not_computed():
     fully computed)."""
     from prometheus_client import REGISTRY
 
-    from service.grpc_server import InferenceServicer, _answering
+    from service.grpc_server import HeldAnswers, InferenceServicer, _answering
 
     def count(reason: str) -> float:
         return REGISTRY.get_sample_value("dbf_errors_total", {"reason": reason}) or 0.0
 
     timeouts, gone = count("request_timeout"), count("client_disconnected")
     context = _ExpiredCall()
-    servicer = InferenceServicer(plane=None, version="1")  # nothing of the plane's may be reached
+    # nothing of the plane's may be reached
+    servicer = InferenceServicer(plane=None, version="1", answers=HeldAnswers(0, 1))
     asyncio.run(_answering(servicer.model_infer)(b"not even a message", context))
     assert context.ended == (
         grpc.StatusCode.DEADLINE_EXCEEDED,

@@ -265,6 +265,36 @@ def _memory(pid: int, field: str) -> int:
     return int(Path(f"/proc/{pid}/status").read_text().split(f"{field}:")[1].split()[0]) * 1024
 
 
+def test_bodies_declared_but_not_sent_hold_no_room_in_the_body_budget():
+    """Four sockets declaring bodies that add up to DBF_BODY_MEMORY_BYTES, each sending one byte of it: their
+    declared lengths were reserved up front, and every request with a body, REST's and gRPC's, got 503
+    overloaded until the rate rule cut them 10 s later, again and again as they came back (the attack probe:
+    four sockets and a few hundred bytes every 10 s kept every prediction out). Now a body holds room for
+    the bytes it has sent; one declared past the whole budget is still refused at once."""
+    budget = 16 << 20
+    head = b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+    head += b"\r\n"
+    port = free_port()
+    with serving(HANDWRITTEN, body_memory_bytes=budget, max_body_bytes=budget, grpc_port=port) as url:
+        stalled = [socket.create_connection(address(url), timeout=10) for _ in range(4)]
+        for conn in stalled:
+            conn.sendall(head % (budget // 4) + b"{")
+        time.sleep(0.2)
+        sample = {"views": {"mor": [0.5, 0.25, 1.0, 0.0, 0.75, 0.1]}}
+        answer = httpx.post(url + "/predict", json={"samples": [sample]}, timeout=10)
+        assert answer.status_code == 200, answer.text
+        request = pb.ModelInferRequest(model_name="handwritten")
+        request.inputs.add(name="mor", datatype="FP32", shape=[1, 6])
+        request.raw_input_contents.append(bytes(24))
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")(request.SerializeToString())
+        with socket.create_connection(address(url), timeout=10) as conn:
+            conn.sendall(head % (budget + 1))
+            assert read_one(conn).startswith(b"HTTP/1.1 413 ")
+        for conn in stalled:
+            conn.close()
+
+
 def test_concurrent_big_bodies_stay_within_the_pods_memory():
     """64 concurrent valid bodies of 8 MiB (the most DBF_MAX_BODY_BYTES takes): with the body memory budget
     the service never needs more than the Kubernetes pod's 1 GiB. Run in a memory cgroup of that size where
