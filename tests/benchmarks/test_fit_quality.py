@@ -31,7 +31,7 @@ def test_one_data_set_one_seed_gives_a_row_per_table_and_every_run_in_json(tmp_p
     ).stdout
 
     assert re.search(
-        rf"^wine\s+178\s+2\s+{SPREAD}\s+{SPREAD} \((chemistry|colour)\)\s+{SPREAD}\s+{SPREAD}"
+        rf"^wine\s+178\s+2\s+{SPREAD}\s+{SPREAD} \((chemistry|colour)\)\s+{SPREAD}\s+{SPREAD}\s+{SPREAD}"
         rf"\s+[01]/[01]\s+{NUMBER}$",
         printed,
         re.M,
@@ -50,6 +50,7 @@ def test_one_data_set_one_seed_gives_a_row_per_table_and_every_run_in_json(tmp_p
     fractions = [
         run["fused"],
         run["baseline"],
+        run["averaged_views_baseline"],
         run["auroc"],
         run["coverage"],
         run["ece"],
