@@ -52,6 +52,9 @@ class Transport(asyncio.Transport):
     def write(self, data: bytes) -> None:
         pass
 
+    def get_write_buffer_size(self) -> int:
+        return 0  # the client takes every byte at once
+
     def close(self) -> None:
         self.closing = True
 
