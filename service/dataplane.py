@@ -18,7 +18,7 @@ import anyio
 
 from calibration import CoverageError, conformal_rank
 from service import metrics, runtime
-from service.batching import MicroBatcher
+from service.batching import BatchWait, MicroBatcher
 from service.errors import InvalidInput, ModelNotFound, NotReady, Overloaded, PayloadTooLarge
 from service.inference import InferenceRequest, ModelSignature, Result
 from service.reload import ModelLoads
@@ -162,12 +162,12 @@ class DataPlane:
         headers: Mapping[str, str],
         received: AbstractAsyncContextManager[Any],
         *,
-        batch_delay: float = 0.0,
+        batch_wait: BatchWait | None = None,
     ) -> Any:
         """One inference request in ``codec``'s protocol for the model ``name`` (the default for None) at
         ``version`` (any for None): its answer, as ``codec.encode`` makes it. ``received`` gives the body
         (and holds its bytes in :attr:`bodies` until the answer is made); the front end receives it.
-        ``batch_delay``: seconds its micro-batch waits for others (:mod:`service.batching`)."""
+        ``batch_wait``: how long its micro-batch waits for others (:mod:`service.batching`)."""
         model = self.model(name, version)
         codec.accept(headers)
         # The slot is taken once the body is in: a slow upload holds its connection, never a predict slot.
@@ -182,7 +182,7 @@ class DataPlane:
                     inline=_decodes_inline(*codec.body_bytes(body, headers)),
                 )
                 try:
-                    result = await self.infer(model, decoded, batch_delay)
+                    result = await self.infer(model, decoded, batch_wait)
                 except InvalidInput as error:
                     if error.sample is None:
                         raise
@@ -210,15 +210,17 @@ class DataPlane:
             self.in_flight -= 1
             metrics.REQUEST_SECONDS.labels(model.name, protocol).observe(time.perf_counter() - started)
 
-    async def infer(self, model: LoadedModel, request: InferenceRequest, batch_delay: float = 0.0) -> Result:
+    async def infer(
+        self, model: LoadedModel, request: InferenceRequest, batch_wait: BatchWait | None = None
+    ) -> Result:
         """Heads, fusion, flag and calibration for ``request``: micro-batched with others when small (its
-        batch waiting ``batch_delay`` seconds for more), else alone, off the event loop either way."""
+        batch waiting for more as ``batch_wait`` says), else alone, off the event loop either way."""
         _check_answer(model, len(request), self.settings.max_answer_values)
         if request.coverage is not None:
             _check_coverage(model, request.coverage)
         metrics.BATCH_SIZE.labels(model.name).observe(len(request))
         if self._batcher is not None and len(request) * request.present.shape[1] <= BATCHED_SAMPLE_VIEWS:
-            return await self._batcher.submit(model, request, batch_delay)
+            return await self._batcher.submit(model, request, batch_wait)
         return await self.predict(model, request, limiter=self._limiter)
 
     async def predict(

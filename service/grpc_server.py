@@ -32,6 +32,7 @@ from pydantic import SecretStr
 
 from service import grpc_codec, metrics
 from service.auth import TWICE, bearer_token, verify_token
+from service.batching import BatchWait
 from service.dataplane import BodyBudget, DataPlane
 from service.errors import Overloaded, RequestTimeout, ServiceError, Unauthorized
 from service.grpc_reads import BoundedServer, MessageReads
@@ -118,8 +119,10 @@ class HeldAnswers:
 class InferenceServicer:
     """The RPCs of ``inference.GRPCInferenceService`` over the data plane."""
 
-    def __init__(self, plane: DataPlane, version: str, answers: HeldAnswers) -> None:
-        self.plane, self.version, self.answers = plane, version, answers
+    def __init__(
+        self, plane: DataPlane, version: str, answers: HeldAnswers, *, batch_wait: BatchWait | None = None
+    ) -> None:
+        self.plane, self.version, self.answers, self.batch_wait = plane, version, answers, batch_wait
 
     async def server_live(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
@@ -155,8 +158,7 @@ class InferenceServicer:
         request = message.request
         name, version = request.model_name, request.model_version or None
         held = _Held(plane.bodies, message)
-        delay = plane.settings.grpc_batch_delay_ms / 1000
-        answer = await plane.serve(grpc_codec, name, version, headers, held, batch_delay=delay)
+        answer = await plane.serve(grpc_codec, name, version, headers, held, batch_wait=self.batch_wait)
         self.answers.hold(answer, context)
         return answer
 
@@ -406,7 +408,9 @@ async def start(plane: DataPlane, settings: Settings, version: str) -> GrpcFront
     )
     bounded = BoundedServer(server, reads, _answering)
     answers = HeldAnswers(settings.body_memory_bytes, settings.retry_after_seconds)
-    methods = InferenceServicer(plane, version, answers).method_handlers()
+    # grpc.aio hands calls over one at a time: their batches wait for more (service.batching)
+    wait = BatchWait(settings.grpc_batch_delay_ms / 1000, settings.grpc_batch_max_delay_ms / 1000)
+    methods = InferenceServicer(plane, version, answers, batch_wait=wait).method_handlers()
     bounded.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(grpc_codec.SERVICE, methods),))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, bounded)

@@ -85,9 +85,16 @@ class Settings(BaseSettings):
         default=0.0, ge=0, le=1000, description="a batch's longest wait for more"
     )
     # gRPC's calls reach the core one at a time (grpc.aio accepts a call, then receives its message, each a
-    # completion of its own): without a wait, concurrent calls are never batched together.
+    # completion of its own): without a wait, concurrent calls are never batched together. The wait is
+    # taken in steps, again while the last brought more calls (service/batching.py): a lone call waits one.
     grpc_batch_delay_ms: float = Field(
         default=1.0, ge=0, le=1000, description="a batch holding a gRPC call waits this long for more"
+    )
+    grpc_batch_max_delay_ms: float = Field(
+        default=3.0,
+        ge=0,
+        le=1000,
+        description="and again while more came, this long in all at most (one wait at least)",
     )
     # A gRPC connection is told to go (GOAWAY) after this long, and closed, whatever it holds, once its calls
     # have had DBF_GRACEFUL_SHUTDOWN_SECONDS more to finish: gRPC offers no other way to drop a call whose
