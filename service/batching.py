@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
+from service import metrics
 from service.inference import InferenceRequest, Result
 from service.repository import LoadedModel
 
@@ -89,6 +90,7 @@ class MicroBatcher:
                     taken.append(waiting)
                     size += len(waiting.request)
                 self._recent.add(len(taken), time.monotonic())
+                metrics.MICRO_BATCH.labels(taken[0].model.name).observe(len(taken))
                 task = asyncio.create_task(self._run(taken, token))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)

@@ -57,6 +57,12 @@ BATCH_SIZE = Histogram(
     ["model"],
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
 )
+MICRO_BATCH = Histogram(
+    "dbf_micro_batch_requests",
+    "Requests answered together by one run of the heads (micro-batching: DBF_BATCH_*, DBF_GRPC_BATCH_*).",
+    ["model"],
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
 # By the protocol the request came in: "rest" (v1 and v2 over HTTP) or "grpc" (service/grpc_codec.py).
 PROTOCOLS = ("rest", "grpc")
 REQUEST_SECONDS = Histogram(
@@ -107,6 +113,7 @@ def initialise(models: dict[str, list[str]], methods: tuple[str, ...], reasons: 
     """
     for model, views in models.items():
         BATCH_SIZE.labels(model)
+        MICRO_BATCH.labels(model)
         for protocol in PROTOCOLS:
             REQUEST_SECONDS.labels(model, protocol)
         CONFIDENCE.labels(model)

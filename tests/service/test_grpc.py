@@ -226,6 +226,34 @@ def test_concurrent_aio_calls_each_get_their_own_answer(service, triton):
                 assert np.array_equal(got, array), name
 
 
+def test_concurrent_calls_reaching_the_core_one_by_one_are_batched_together(triton):
+    """grpc.aio hands the core its calls one at a time: a batch holding one waits a step for more, and again
+    while more came (DBF_GRPC_BATCH_DELAY_MS, DBF_GRPC_BATCH_MAX_DELAY_MS), so calls made at once run the
+    heads together, as dbf_micro_batch_requests shows. (Steps of 100 ms here, so that a loaded machine's
+    calls still meet; the defaults are 1 and 3 ms.)"""
+    port = free_port()
+    waits = {"grpc_batch_delay_ms": 100, "grpc_batch_max_delay_ms": 1000}
+    with serving(MODELS / "handwritten", grpc_port=port, **waits) as url:
+
+        def batched() -> tuple[float, float]:
+            lines = httpx.get(url + "/metrics").text.splitlines()
+            figures = {
+                kind: float(line.rsplit(" ", 1)[1])
+                for line in lines
+                for kind in ("sum", "count")
+                if line.startswith(f'dbf_micro_batch_requests_{kind}{{model="handwritten"}}')
+            }
+            return figures["sum"], figures["count"]
+
+        requests_before, batches_before = batched()
+        calls = [features(1, seed=200 + i) for i in range(24)]
+        answers = triton.submit(grpc_clients.triton_aio_infer_many, f"127.0.0.1:{port}", "handwritten", calls)
+        assert len(answers.result()) == 24
+        requests, batches = batched()
+    assert requests - requests_before == 24
+    assert batches - batches_before <= 3  # one step each: about one batch per call
+
+
 def test_the_deadline_of_a_call_is_kept(service, triton):
     url, address = service
     late = triton.submit(
