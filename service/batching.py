@@ -106,12 +106,13 @@ class MicroBatcher:
         waited, seen = 0.0, 0
         while len(queue) > seen and sum(len(w.request) for w in queue) < self.max_samples:
             step = max(self.max_delay, max(w.wait.step for w in queue))
-            if waited and (
-                waited + step > max(w.wait.longest for w in queue) * (1 + 1e-9)
-                or 0 < self._recent.largest(time.monotonic()) <= len(queue)
+            if step <= 0 or (
+                waited
+                and (
+                    waited + step > max(w.wait.longest for w in queue) * (1 + 1e-9)
+                    or 0 < self._recent.largest(time.monotonic()) <= len(queue)
+                )
             ):
-                return
-            if step <= 0:
                 return
             seen = len(queue)
             await _sleep(step)
@@ -154,20 +155,20 @@ class _RecentLargest:
     """The most requests a batch held within the last one to two ``window`` seconds (two windows kept)."""
 
     def __init__(self, window: float = 1.0) -> None:
-        self.window, self.start, self.now, self.before = window, 0.0, 0, 0
+        self.window, self.started, self.current, self.previous = window, 0.0, 0, 0
 
     def add(self, size: int, now: float) -> None:
         self._roll(now)
-        self.now = max(self.now, size)
+        self.current = max(self.current, size)
 
     def largest(self, now: float) -> int:
         self._roll(now)
-        return max(self.now, self.before)
+        return max(self.current, self.previous)
 
     def _roll(self, now: float) -> None:
-        if now - self.start >= self.window:
-            self.before = self.now if now - self.start < 2 * self.window else 0
-            self.now, self.start = 0, now
+        if now - self.started >= self.window:
+            self.previous = self.current if now - self.started < 2 * self.window else 0
+            self.current, self.started = 0, now
 
 
 def _settle(future: asyncio.Future, *, result: Result | None = None, error: BaseException | None = None):
