@@ -355,3 +355,37 @@ def test_a_worker_that_dies_while_a_change_is_refused_is_replaced_without_stoppi
             assert time.monotonic() < deadline, "no worker took the dead one's place"
             time.sleep(0.2)
         assert httpx.post(url + "/v1/models/pie/predict", json=PIE).status_code == 200
+
+
+def test_an_unforeseen_fault_in_a_load_is_a_refused_reload_and_the_watcher_goes_on(tmp_path, monkeypatch):
+    """A load that raises something other than ModelLoadError (Path.resolve's RuntimeError for a symlink
+    loop made between the look for manifests and the load, say): a reload answered 500, counted no failure,
+    and under the watcher the error ended the lifespan's task group, so no change was ever loaded again."""
+    from service import reload
+
+    root = repository(tmp_path, "handwritten")
+    with serving(root, reload_poll_seconds=0.2) as url:
+        loader = reload.load_repository
+
+        def faulty(settings, stop=None):
+            raise RuntimeError(f"Symlink loop from {settings.model_dir / 'handwritten'!r}")
+
+        monkeypatch.setattr(reload, "load_repository", faulty)
+        failures = metric(url, "dbf_model_reloads_total", outcome="failure")
+        refused = httpx.post(url + "/v1/admin/reload")
+        assert refused.status_code == 409, refused.text
+        assert "RuntimeError: Symlink loop" in refused.json()["error"]["message"]
+        assert metric(url, "dbf_model_reloads_total", outcome="failure") == failures + 1
+        (root / "handwritten" / "NOTES").write_text("seen by the watcher")  # which then fails the same way
+        deadline = time.monotonic() + 30
+        while metric(url, "dbf_model_reloads_total", outcome="failure") < failures + 2:
+            assert time.monotonic() < deadline, "the watcher did not try the change"
+            time.sleep(0.2)
+        assert httpx.post(url + "/predict", json=BODY).status_code == 200
+        monkeypatch.setattr(reload, "load_repository", loader)
+        shutil.copytree(MODELS / "pie", tmp_path / "staging")
+        (tmp_path / "staging").rename(root / "pie")
+        deadline = time.monotonic() + 30
+        while models(url) != ["handwritten", "pie"]:
+            assert time.monotonic() < deadline, "the watcher stopped after the fault"
+            time.sleep(0.2)
