@@ -651,10 +651,14 @@ class WorkerSupervisor(Multiprocess):
             return
         for slot, process in enumerate(self.processes):
             if slot in self.retry_at:
-                if time.monotonic() >= self.retry_at[slot]:
+                if process.process.is_alive():  # replaced meanwhile (SIGHUP's restart, SIGTTIN's new one)
+                    del self.retry_at[slot]
+                elif time.monotonic() >= self.retry_at[slot]:
                     del self.retry_at[slot]
                     self._start(slot)
-                continue
+                    continue
+                else:
+                    continue
             if process.is_alive(timeout=self.config.timeout_worker_healthcheck):
                 continue
             process.kill()  # hung: kill it
