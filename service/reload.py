@@ -119,6 +119,17 @@ class ModelLoads:
                 )
             try:
                 return load_repository(settings, stop)
+            except ModelLoadError:
+                raise
+            except Exception as error:
+                # A fault no check names (a symlink loop met by Path.resolve, a head's output no check
+                # foresaw): still a refused reload, the models being served stay. Let through, it answered
+                # 500, counted no failure, and stopped the watcher for good (its task group ended).
+                log.exception("loading the model repository %s failed", settings.model_dir)
+                raise ModelLoadError(
+                    f"{settings.model_dir}: the load failed ({type(error).__name__}: {error}); the traceback "
+                    "is in the service log"
+                ) from None
             finally:
                 self._running.release()
 

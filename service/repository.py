@@ -630,6 +630,11 @@ def _check_probe(
         raise ModelLoadError(f"{file}: fails on a probe batch of 2 samples of zeros: {error}") from error
     finally:
         timer.cancel()
+    if not isinstance(evidence, np.ndarray) or evidence.dtype.kind not in "biuf":
+        # Strings (or objects) pass the declared shape check, then fail every comparison below (a 500 at
+        # reload, and a watcher that stops for good): refused here, naming the file.
+        kind = getattr(evidence, "dtype", type(evidence).__name__)
+        raise ModelLoadError(f"{file}: gives evidence of type {kind}; a head's is numbers (float32)")
     if evidence.shape != (2, classes):
         raise ModelLoadError(
             f"{file}: gives evidence of shape {evidence.shape} for 2 samples; manifest says (2, {classes})"

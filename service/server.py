@@ -55,6 +55,7 @@ import logging
 import resource
 import socket
 import struct
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -62,10 +63,11 @@ from weakref import WeakKeyDictionary
 
 import httptools
 from fastapi import FastAPI
-from uvicorn.config import Config
+from uvicorn.config import STARTUP_FAILURE, Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 from uvicorn.supervisors import Multiprocess
+from uvicorn.supervisors.multiprocess import Process
 
 from service import metrics
 from service.api.direct import DirectRoutes
@@ -78,6 +80,7 @@ from service.settings import Settings
 # uvicorn to the releases whose attributes and hooks tests/service/test_dependency_contracts.py checks.
 
 log = logging.getLogger("dbf.server")
+_supervisor_log = logging.getLogger("uvicorn.error")  # configured in the supervisor process too
 
 # File descriptors a worker needs besides its connections: listening socket, event loop, log files, model
 # and metrics files, onnxruntime's and the thread pool's.
@@ -630,14 +633,71 @@ class WorkerSupervisor(Multiprocess):
     def __init__(self, config: Config, sockets: list[Any]) -> None:
         super().__init__(config, sockets)
         self.known: set[int | None] = set()  # the workers' process ids at the last look
+        self.retry_at: dict[int, float] = {}  # worker slot -> when to start it again (its start failed)
+        self.retry_delay: dict[int, float] = {}  # worker slot -> the wait after its next failed start
+        self.failed = False  # stopped because no worker could start: the process exits non-zero
 
     def handle_signals(self) -> None:
         super().handle_signals()
         self._forget_departed()
 
     def keep_subprocess_alive(self) -> None:
-        super().keep_subprocess_alive()
+        """uvicorn's, but for a replacement worker that fails to start. uvicorn then stops every worker: a
+        model directory changed since the start in a way the watchers refuse (a bad model dropped in, a copy
+        half done) made one worker's death (OOM, SIGKILL) an outage, though the others served on. Now, while
+        another worker lives, the slot is started again later (1 s, doubling to 30 s); only when none lives
+        does the service stop, with a non-zero status."""
+        if self.should_exit.is_set():
+            return
+        for slot, process in enumerate(self.processes):
+            if slot in self.retry_at:
+                if process.process.is_alive():  # replaced meanwhile (SIGHUP's restart, SIGTTIN's new one)
+                    del self.retry_at[slot]
+                elif time.monotonic() >= self.retry_at[slot]:
+                    del self.retry_at[slot]
+                    self._start(slot)
+                    continue
+                else:
+                    continue
+            if process.is_alive(timeout=self.config.timeout_worker_healthcheck):
+                continue
+            process.kill()  # hung: kill it
+            process.join()
+            if self.should_exit.is_set():
+                return
+            if process.exitcode != STARTUP_FAILURE:
+                _supervisor_log.info("worker process [%s] died; starting another", process.pid)
+                self.retry_delay.pop(slot, None)
+                self._start(slot)
+                continue
+            living = [
+                other.pid
+                for index, other in enumerate(self.processes)
+                if index != slot and index not in self.retry_at and other.process.is_alive()
+            ]
+            if not living:
+                _supervisor_log.error(
+                    "worker process [%s] failed to start, and no other serves: stopping", process.pid
+                )
+                self.failed = True
+                self.should_exit.set()
+                return
+            delay = self.retry_delay.get(slot, 1.0)
+            self.retry_delay[slot] = min(2 * delay, 30.0)
+            self.retry_at[slot] = time.monotonic() + delay
+            _supervisor_log.error(
+                "worker process [%s] failed to start (see its error above; has the model directory changed "
+                "since the service started?); workers %s serve on; starting it again in %g s",
+                process.pid,
+                living,
+                delay,
+            )
         self._forget_departed()
+
+    def _start(self, slot: int) -> None:
+        process = Process(self.config, self.sockets)
+        process.start()
+        self.processes[slot] = process
 
     def terminate_all(self) -> None:
         """Stop the workers, the listening socket closed here first: it stays open while any process holds
@@ -656,7 +716,10 @@ class WorkerSupervisor(Multiprocess):
 def supervise(config: Config) -> None:
     """Run ``config.workers`` worker processes on one socket bound here, as ``uvicorn.run`` does, under
     :class:`WorkerSupervisor`."""
-    WorkerSupervisor(config, sockets=[config.bind_socket()]).run()
+    supervisor = WorkerSupervisor(config, sockets=[config.bind_socket()])
+    supervisor.run()
+    if supervisor.failed:
+        raise SystemExit(1)
 
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:

@@ -107,6 +107,23 @@ def test_uvicorn_supervisor_that_worker_supervisor_extends():
     assert isinstance(getattr(multiprocess.Process, "pid", None), property), broken(
         UVICORN, "a Multiprocess worker (Process) has no pid", user
     )
+    # keep_subprocess_alive is WorkerSupervisor's own (a replacement that fails to start is started again
+    # later): what it uses of uvicorn's.
+    for name in ("pid", "exitcode"):
+        assert isinstance(getattr(multiprocess.Process, name, None), property), broken(
+            UVICORN, f"a Multiprocess worker (Process) has no {name}", user
+        )
+    for name in ("start", "kill", "join", "is_alive"):
+        assert callable(getattr(multiprocess.Process, name, None)), broken(
+            UVICORN, f"a Multiprocess worker (Process) has no method {name}", user
+        )
+    parameters = list(inspect.signature(multiprocess.Process.__init__).parameters)
+    assert parameters[1:3] == ["config", "sockets"], broken(UVICORN, f"Process(...) takes {parameters}", user)
+    assert multiprocess.STARTUP_FAILURE == 3, broken(UVICORN, "STARTUP_FAILURE is no longer 3", user)
+    assert isinstance(Config(app=None).timeout_worker_healthcheck, int | float), broken(
+        UVICORN, "Config has no timeout_worker_healthcheck", user
+    )
+    assert hasattr(supervisor, "should_exit"), broken(UVICORN, "Multiprocess has no should_exit", user)
 
 
 def test_uvicorn_server_state_keys_the_connection_books():

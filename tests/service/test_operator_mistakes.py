@@ -107,6 +107,23 @@ def endless_head(dim: int, classes: int = 10) -> bytes:
     return onnx_head(nodes, constants, dim=dim, classes=classes)
 
 
+def string_head(dim: int, classes: int = 10) -> bytes:
+    """A head whose evidence is strings of the right shape (zeros cast to text): its declared shape passes."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["features", "w"], ["z"]),
+            helper.make_node("Cast", ["z"], ["evidence"], to=TensorProto.STRING),
+        ],
+        "head",
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["N", dim])],
+        [helper.make_tensor_value_info("evidence", TensorProto.STRING, ["N", classes])],
+        initializer=[helper.make_tensor("w", TensorProto.FLOAT, [dim, classes], [0.0] * (dim * classes))],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
 def onnx_head(nodes: list, initializers: list, *, dim: int, classes: int, more: list = ()) -> bytes:
     """A head's ONNX file: ``nodes`` from 'features' (N, ``dim``) to 'evidence' declared (N, ``classes``),
     and the ``more`` outputs after it."""
@@ -169,6 +186,9 @@ BAD_HEADS = {  # the HandWritten view 'mor' (dim 6, 10 classes)
         "a probe batch of 2 samples of zeros did not finish within 10 s: a graph that loops, or computes "
         "far more than a head does",
     ),
+    # Before, a TypeError: the start's traceback named no file, a reload answered 500, and the watcher
+    # (DBF_RELOAD_POLL_SECONDS) stopped for good.
+    "evidence of strings": (string_head(6), "gives evidence of type object; a head's is numbers"),
     "negative range excess": (
         any_dim_head(6, excess=-1.0),
         "gives range_excess of shape (2,) for 2 samples of zeros, starting [-1.0, -1.0]; a head's is one "
@@ -279,6 +299,7 @@ def test_misbehaving_models_are_refused_at_reload_naming_the_file(tmp_path):
             lambda model: (with_head(model, "mor", BAD_HEADS["wider than declared"][0]), "gives evidence"),
             lambda model: (with_manifest(model, set_lambda_infinite), "Input should be a finite number"),
             lambda model: (too_wide(model), "DBF_MAX_VIEW_DIM"),
+            lambda model: (with_head(model, "mor", string_head(6)), "gives evidence of type"),
         ]
         for attempt in attempts:
             staged = tmp_path / "staged"

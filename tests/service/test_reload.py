@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import signal
 import time
@@ -316,3 +317,75 @@ def test_reloads_of_a_large_repository_do_not_grow_the_memory(tmp_path):
             after.append(resident_mib(proc.pid))
     print(f"\nRSS after the first load {first:.0f} MiB; after 30 reloads at most {max(after):.0f} MiB")
     assert max(after) <= 1.2 * first, (first, after)
+
+
+def worker_processes(supervisor: int) -> list[int]:
+    """The worker processes of ``python -m service --workers N`` running as ``supervisor``."""
+    children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
+    return [pid for pid in map(int, children) if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
+def test_a_worker_that_dies_while_a_change_is_refused_is_replaced_without_stopping_the_others(tmp_path):
+    """A bad model dropped in is refused by every worker's watcher, and the old models serve on; then one
+    worker dies (OOM, SIGKILL). Its replacement cannot load the repository: uvicorn's supervisor stopped
+    every worker for that, the whole service down. Now the others serve on, and the slot is started again
+    until the repository loads."""
+    root = repository(tmp_path, "handwritten", "pie")
+    with service_process(
+        "--model-dir", str(root), "--workers", "2", env={"DBF_RELOAD_POLL_SECONDS": "0.2"}
+    ) as (url, service):
+        head = root / "pie" / "gabor.onnx"
+        good = head.read_bytes()
+        head.write_bytes(good[:-10])
+        deadline = time.monotonic() + 30
+        while metric(url, "dbf_model_reloads_total", outcome="failure") < 2:  # both workers refused it
+            assert time.monotonic() < deadline, "the watchers did not try the broken model"
+            time.sleep(0.2)
+        first, second = worker_processes(service.pid)
+        os.kill(first, signal.SIGKILL)
+        until = time.monotonic() + 5  # the replacement's failed start, and a retry or two
+        while time.monotonic() < until:
+            assert service.poll() is None, "the service stopped"
+            assert httpx.post(url + "/predict", json=BODY).status_code == 200
+            time.sleep(0.1)
+        assert second in worker_processes(service.pid)
+        head.write_bytes(good)  # repaired: the slot's next start loads it
+        deadline = time.monotonic() + 40
+        while len(worker_processes(service.pid)) < 2 or models(url) != ["handwritten", "pie"]:
+            assert time.monotonic() < deadline, "no worker took the dead one's place"
+            time.sleep(0.2)
+        assert httpx.post(url + "/v1/models/pie/predict", json=PIE).status_code == 200
+
+
+def test_an_unforeseen_fault_in_a_load_is_a_refused_reload_and_the_watcher_goes_on(tmp_path, monkeypatch):
+    """A load that raises something other than ModelLoadError (Path.resolve's RuntimeError for a symlink
+    loop made between the look for manifests and the load, say): a reload answered 500, counted no failure,
+    and under the watcher the error ended the lifespan's task group, so no change was ever loaded again."""
+    from service import reload
+
+    root = repository(tmp_path, "handwritten")
+    with serving(root, reload_poll_seconds=0.2) as url:
+        loader = reload.load_repository
+
+        def faulty(settings, stop=None):
+            raise RuntimeError(f"Symlink loop from {settings.model_dir / 'handwritten'!r}")
+
+        monkeypatch.setattr(reload, "load_repository", faulty)
+        failures = metric(url, "dbf_model_reloads_total", outcome="failure")
+        refused = httpx.post(url + "/v1/admin/reload")
+        assert refused.status_code == 409, refused.text
+        assert "RuntimeError: Symlink loop" in refused.json()["error"]["message"]
+        assert metric(url, "dbf_model_reloads_total", outcome="failure") == failures + 1
+        (root / "handwritten" / "NOTES").write_text("seen by the watcher")  # which then fails the same way
+        deadline = time.monotonic() + 30
+        while metric(url, "dbf_model_reloads_total", outcome="failure") < failures + 2:
+            assert time.monotonic() < deadline, "the watcher did not try the change"
+            time.sleep(0.2)
+        assert httpx.post(url + "/predict", json=BODY).status_code == 200
+        monkeypatch.setattr(reload, "load_repository", loader)
+        shutil.copytree(MODELS / "pie", tmp_path / "staging")
+        (tmp_path / "staging").rename(root / "pie")
+        deadline = time.monotonic() + 30
+        while models(url) != ["handwritten", "pie"]:
+            assert time.monotonic() < deadline, "the watcher stopped after the fault"
+            time.sleep(0.2)

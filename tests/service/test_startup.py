@@ -92,3 +92,64 @@ def test_a_head_with_the_wrong_signature_is_refused(tmp_path):
     done = start_and_fail("--model-dir", str(tmp_path / "cub"))
     assert done.returncode != 0
     assert "text.onnx: takes ['x']" in done.stderr
+
+
+class _FakeWorker:
+    """A stand-in for uvicorn's worker Process in :class:`service.server.WorkerSupervisor`'s bookkeeping."""
+
+    started = 0
+
+    def __init__(self, config=None, sockets=None, *, alive: bool = True, exitcode: int | None = None):
+        _FakeWorker.started += 1
+        self.pid = 1000 + _FakeWorker.started
+        self.alive, self.exitcode = alive, exitcode
+        self.process = self  # uvicorn's Process wraps a multiprocessing one: process.process.is_alive()
+
+    def is_alive(self, timeout: float = 5) -> bool:
+        return self.alive
+
+    def start(self) -> None:
+        pass
+
+    def kill(self) -> None:
+        pass
+
+    def join(self) -> None:
+        pass
+
+
+def test_a_worker_that_fails_to_start_again_is_retried_while_another_serves(monkeypatch):
+    """uvicorn stops every worker when a replacement exits STARTUP_FAILURE (its models no longer load: the
+    directory changed since the start). WorkerSupervisor starts the slot again later while a sibling
+    serves, forgets that once the slot holds a live worker (SIGHUP's restart put one there), and stops, to
+    exit non-zero, only when none serves."""
+    from uvicorn.config import STARTUP_FAILURE, Config
+
+    from service import server
+
+    monkeypatch.setattr(server, "Process", _FakeWorker)
+    monkeypatch.setattr(server.metrics, "forget_processes", lambda pids: None)
+    now = [100.0]
+    monkeypatch.setattr(server.time, "monotonic", lambda: now[0])
+    supervisor = server.WorkerSupervisor(Config(app=None, workers=2), sockets=[])
+    failed, sibling = _FakeWorker(alive=False, exitcode=STARTUP_FAILURE), _FakeWorker()
+    supervisor.processes = [failed, sibling]
+    supervisor.keep_subprocess_alive()
+    assert not supervisor.should_exit.is_set() and supervisor.processes == [failed, sibling]
+    now[0] += 1.5  # past the first wait (1 s): started again
+    supervisor.keep_subprocess_alive()
+    replacement = supervisor.processes[0]
+    assert replacement is not failed and replacement.alive
+    replacement.alive, replacement.exitcode = False, STARTUP_FAILURE  # fails again: waits 2 s this time
+    supervisor.keep_subprocess_alive()
+    now[0] += 1.5
+    supervisor.keep_subprocess_alive()
+    assert supervisor.processes[0] is replacement
+    restarted = supervisor.processes[0] = _FakeWorker()  # SIGHUP's restart put a live one in the slot
+    now[0] += 1.0
+    supervisor.keep_subprocess_alive()
+    assert supervisor.processes[0] is restarted and not supervisor.retry_at
+    restarted.alive, restarted.exitcode = False, STARTUP_FAILURE
+    sibling.alive, sibling.exitcode = False, STARTUP_FAILURE
+    supervisor.keep_subprocess_alive()
+    assert supervisor.should_exit.is_set() and supervisor.failed
