@@ -4,6 +4,7 @@ one's place."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ import httpx
 import pytest
 
 from tests.service.conftest import MODELS, running_service, service_process, serving
+from tests.service.test_connections import holder, served_connection
 from tests.service.test_service import HANDWRITTEN_DIMS, metric, zeros_sample
 
 BODY = {"samples": [zeros_sample(**HANDWRITTEN_DIMS)]}
@@ -325,6 +327,17 @@ def worker_processes(supervisor: int) -> list[int]:
     return [pid for pid in map(int, children) if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
 
 
+def _until_every_worker_serves(url: str, workers: set[int]) -> None:
+    """Wait until each of ``workers`` has taken a connection: a worker accepts none before its models are
+    loaded (else one still loading when the test breaks a model fails its start, and no watcher of its
+    refuses the change)."""
+    taken, deadline = set(), time.monotonic() + 60
+    with contextlib.ExitStack() as connections:
+        while taken != workers:
+            assert time.monotonic() < deadline, f"workers {workers - taken} took no connection within 60 s"
+            taken.add(holder(url, connections.enter_context(served_connection(url)), workers))
+
+
 def test_a_worker_that_dies_while_a_change_is_refused_is_replaced_without_stopping_the_others(tmp_path):
     """A bad model dropped in is refused by every worker's watcher, and the old models serve on; then one
     worker dies (OOM, SIGKILL). Its replacement cannot load the repository: uvicorn's supervisor stopped
@@ -334,6 +347,7 @@ def test_a_worker_that_dies_while_a_change_is_refused_is_replaced_without_stoppi
     with service_process(
         "--model-dir", str(root), "--workers", "2", env={"DBF_RELOAD_POLL_SECONDS": "0.2"}
     ) as (url, service):
+        _until_every_worker_serves(url, set(worker_processes(service.pid)))
         head = root / "pie" / "gabor.onnx"
         good = head.read_bytes()
         head.write_bytes(good[:-10])
