@@ -85,9 +85,20 @@ class _EvidentialLoss(torch.autograd.Function):
 
 # Recurrence steps before the asymptotic series: from x + 6 >= 7 on, the series below is accurate to ~1e-9.
 _SHIFT = 6
+# Tensors with fewer elements get torch's own kernels: the series' thirty-odd operations each cost torch's
+# per-call overhead, which outweighs its per-element saving on small data's batches (docs/benchmarks.md).
+SERIES_FROM = 10_000
 
 
 def digamma_trigamma(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``psi(x)`` and ``psi'(x)`` for ``x >= 1``: torch's ``digamma`` and ``polygamma(1, .)`` for a tensor of
+    fewer than :data:`SERIES_FROM` elements, else :func:`asymptotic_digamma_trigamma`."""
+    if x.numel() < SERIES_FROM:
+        return torch.digamma(x), torch.polygamma(1, x)
+    return asymptotic_digamma_trigamma(x)
+
+
+def asymptotic_digamma_trigamma(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``psi(x)`` and ``psi'(x)`` for ``x >= 1``, from elementwise arithmetic and one log.
 
     ``psi(x) = psi(x + n) - sum_{i<n} 1/(x + i)`` and ``psi'(x) = psi'(x + n) + sum_{i<n} 1/(x + i)^2``, then

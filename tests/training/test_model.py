@@ -11,8 +11,10 @@ from fusion import METHODS, fuse, opinion_from_evidence
 from training.data import synthetic
 from training.heads import EVIDENCE_CAP, EvidentialHeads, ViewHead, capped_exp
 from training.loss import (
+    SERIES_FROM,
     adapted_cross_entropy,
     annealing_coefficient,
+    asymptotic_digamma_trigamma,
     consistency_loss,
     digamma_trigamma,
     evidential_loss,
@@ -66,10 +68,22 @@ def test_adapted_cross_entropy_and_kl_match_their_closed_forms():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_vectorised_digamma_and_trigamma_agree_with_torch_from_1_to_the_cap(dtype):
     x = torch.logspace(0, 13, 4000, dtype=torch.float64).to(dtype)
-    psi, dpsi = digamma_trigamma(x)
+    psi, dpsi = asymptotic_digamma_trigamma(x)
     tolerance = 1e-8 if dtype == torch.float64 else 5e-6
     torch.testing.assert_close(psi, torch.digamma(x), rtol=tolerance, atol=tolerance)
     torch.testing.assert_close(dpsi, torch.polygamma(1, x), rtol=tolerance, atol=0.0)
+
+
+def test_small_tensors_get_torchs_digamma_and_trigamma_and_large_ones_the_series():
+    """A small batch's loss is computed by torch's kernels, to the bit; from SERIES_FROM elements on, by the
+    series (which agrees with them to float32 rounding: the test above)."""
+    x = torch.logspace(0, 13, SERIES_FROM, dtype=torch.float64).to(torch.float32)
+    small = x[: SERIES_FROM - 1]
+    psi, dpsi = digamma_trigamma(small)
+    assert torch.equal(psi, torch.digamma(small)) and torch.equal(dpsi, torch.polygamma(1, small))
+    series = asymptotic_digamma_trigamma(x)
+    assert all(torch.equal(got, expected) for got, expected in zip(digamma_trigamma(x), series, strict=True))
+    assert not torch.equal(series[0], torch.digamma(x))
 
 
 def test_evidential_loss_equals_its_definition_in_value_and_gradient():
