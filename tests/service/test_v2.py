@@ -321,3 +321,20 @@ def test_fusion_parameters_and_outputs_are_checked(url):
     ):
         response = httpx.post(url + INFER, json={**base, **extra})
         assert response.status_code == 400 and message in response.text, response.text
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({"lambda": float("nan")}, "parameters.lambda must be a positive finite number, got NaN, which"),
+        ({"coverage": float("inf")}, "parameters.coverage must be a number between 0 and 1, got Infinity"),
+        ({"priority": float("-inf")}, "not an inference request: parameters.priority is -Infinity, which is"),
+    ],
+)
+def test_nan_and_infinity_in_parameters_are_named(url, parameters, message):
+    """Python's json (tritonclient's, httpx's) writes NaN and Infinity for such floats: not JSON, refused as
+    gRPC refuses them, the parameter named; not as malformed JSON at some byte."""
+    body = {"inputs": [{"name": "mor", "datatype": "FP32", "shape": [1, 6], "data": [0.5] * 6}]}
+    response = httpx.post(url + INFER, content=json.dumps({**body, "parameters": parameters}))
+    assert response.status_code == 400, response.text
+    assert response.json()["error"].startswith(message)
