@@ -401,13 +401,19 @@ def test_typed_contents_are_answered_typed_and_as_rest(service):
 
 
 def mor_message(
-    raw: list[bytes] | None = None, *, region: str | None = None, output_region: str | None = None
+    raw: list[bytes] | None = None,
+    *,
+    region: str | None = None,
+    output_region: str | None = None,
+    typed: list[float] | None = None,
 ) -> bytes:
-    """A ModelInferRequest of one [1, 6] FP32 input, ``mor`` (its data in shared memory ``region``), and
-    ``raw_input_contents``; with ``output_region``, asking for ``label`` in that region."""
+    """A ModelInferRequest of one [1, 6] FP32 input, ``mor`` (its data in shared memory ``region``, or
+    ``typed`` in its fp32_contents), and ``raw_input_contents``; with ``output_region``, asking for
+    ``label`` in that region."""
     parameters = {} if region is None else {"shared_memory_region": pb.InferParameter(string_param=region)}
+    contents = None if typed is None else pb.InferTensorContents(fp32_contents=typed)
     tensor = pb.ModelInferRequest.InferInputTensor(
-        name="mor", datatype="FP32", shape=[1, 6], parameters=parameters
+        name="mor", datatype="FP32", shape=[1, 6], parameters=parameters, contents=contents
     )
     request = pb.ModelInferRequest(model_name="handwritten", inputs=[tensor], raw_input_contents=raw or [])
     if output_region is not None:
@@ -430,6 +436,7 @@ def mor_message(
             mor_message([b"\0" * 20]),
             "inputs[0] (mor): raw_input_contents[0] is 20 bytes; [1, 6] FP32 takes 24",
         ),
+        (mor_message(typed=[0.5] * 5), "inputs[0] (mor): fp32_contents has 5 values; [1, 6] FP32 takes 6"),
         (
             mor_message(region="input0"),
             "inputs[0] (mor): the shared-memory extension is not supported; send its data in the message",
@@ -439,7 +446,16 @@ def mor_message(
             "outputs[0] (label): the shared-memory extension is not supported; leave its region out",
         ),
     ],
-    ids=["not-protobuf", "raw-count", "raw-size", "no-data", "raw-bytes", "input-shm", "output-shm"],
+    ids=[
+        "not-protobuf",
+        "raw-count",
+        "raw-size",
+        "no-data",
+        "raw-bytes",
+        "typed-count",
+        "input-shm",
+        "output-shm",
+    ],
 )
 def test_a_malformed_message_is_invalid_argument(service, body, message):
     _, address = service
