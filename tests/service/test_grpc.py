@@ -168,11 +168,12 @@ def test_a_request_over_4_mib_works(service, triton):
     assert_identical(answer["outputs"], rest(url, "cub", given, outputs=["label"])["outputs"])
 
 
-def test_gzip_compressed_requests_are_served(service, triton):
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])  # tritonclient's two
+def test_compressed_requests_are_served(service, triton, algorithm):
     url, address = service
     given = features(6, seed=5)
     answer = triton.submit(
-        grpc_clients.triton_infer, address, "handwritten", given, compression_algorithm="gzip"
+        grpc_clients.triton_infer, address, "handwritten", given, compression_algorithm=algorithm
     ).result()
     assert_identical(answer["outputs"], rest(url, "handwritten", given)["outputs"])
 
