@@ -99,7 +99,7 @@ def decode(
     fast = _read_fast(header, brackets) if length is None and len(header) >= _FAST_READ_BYTES else None
     if fast is None:
         check_json_containers(header, brackets, signature, max_samples=max_samples)  # msgspec makes objects
-    request, flat = fast if fast is not None else (_request(header, signature), {})
+    request, flat = fast if fast is not None else (_request(header, signature, length), {})
     return tensors_request(request, flat, binary, signature, max_samples, binary_request=length is not None)
 
 
@@ -219,15 +219,20 @@ def header_length(text: str | None, body_size: int) -> int | None:
     return length
 
 
-def _request(header: bytes, signature: ModelSignature) -> InferRequest:
+def _request(header: bytes, signature: ModelSignature, length: int | None) -> InferRequest:
+    """The request in a JSON text (the body, or its first ``length`` bytes as its
+    Inference-Header-Content-Length says), or a 400 that says what is wrong with it."""
     try:
         request = _DECODER.decode(header)
     except msgspec.DecodeError as error:
+        if not header and length is None:
+            raise InvalidInput("not an inference request: the body is empty") from None
         message = _constant_in(header, signature)
-        message = message or f"not an inference request: {error}{_without_header_length(header)}"
+        framing = _framing(header, length, malformed=not isinstance(error, msgspec.ValidationError))
+        message = message or f"not an inference request: {error}{framing}"
         raise InvalidInput(message) from None
     except (msgspec.ValidationError, UnicodeDecodeError, RecursionError) as error:
-        raise InvalidInput(f"{_not_a_request(error).message}{_without_header_length(header)}") from None
+        raise InvalidInput(f"{_not_a_request(error).message}{_framing(header, length)}") from None
     from service import json_numbers  # the server's (simdjson); clients never decode requests
 
     # Each member of an object has its colon: a header with as many as the members msgspec kept repeats no
@@ -237,9 +242,19 @@ def _request(header: bytes, signature: ModelSignature) -> InferRequest:
     return request
 
 
-def _without_header_length(text: bytes) -> str:
-    """What to add to the error of a body that is not JSON and names binary tensors: they follow a JSON
-    header whose length the request must give (else the whole body is read as JSON)."""
+def _framing(text: bytes, length: int | None, *, malformed: bool = True) -> str:
+    """What to add to the error of a JSON text that does not parse where the body may not be framed as its
+    client meant: binary tensors after a JSON header whose length the request must give (else the whole body
+    is read as JSON), or a length given that is not the header's (the JSON cut short, or tensors' bytes
+    read as JSON: a length counted in characters, not bytes, or one off), where the header is not JSON
+    (``malformed``: a header that is JSON but not a request is framed right)."""
+    if length is not None:
+        if not malformed:
+            return ""
+        return (
+            f"; Inference-Header-Content-Length says the JSON header is the body's first {length} bytes: "
+            "it must be exactly the header's length in bytes, the binary tensors following it"
+        )
     if b'"binary_data_size"' not in text:
         return ""
     return (
