@@ -150,6 +150,13 @@ def decode(
     message = body.request
     raw = message.raw_input_contents
     if raw and len(raw) != len(message.inputs):
+        typed = next((i for i, tensor in enumerate(message.inputs) if tensor.HasField("contents")), None)
+        if typed is not None:  # some inputs raw, some typed: not a count to fix
+            raise InvalidInput(
+                f"inputs[{typed}] ({message.inputs[typed].name}): contents beside raw_input_contents for "
+                "other inputs; send the tensors one way: all raw (one entry per input, in input order) or "
+                "all typed"
+            )
         raise InvalidInput(
             f"raw_input_contents has {len(raw)} entries for {len(message.inputs)} inputs: send one per "
             "input, in input order"

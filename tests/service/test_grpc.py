@@ -423,6 +423,14 @@ def mor_message(
     return request.SerializeToString()
 
 
+def mixed_message() -> bytes:
+    """``kar`` typed, then ``mor`` raw: one raw entry for two inputs, meant for the second."""
+    request = pb.ModelInferRequest(model_name="handwritten", raw_input_contents=[b"\0" * 24])
+    request.inputs.add(name="kar", datatype="FP32", shape=[1, 64]).contents.fp32_contents.extend([0.5] * 64)
+    request.inputs.add(name="mor", datatype="FP32", shape=[1, 6])
+    return request.SerializeToString()
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
@@ -438,6 +446,7 @@ def mor_message(
             "inputs[0] (mor): raw_input_contents[0] is 20 bytes; [1, 6] FP32 takes 24",
         ),
         (mor_message(typed=[0.5] * 5), "inputs[0] (mor): fp32_contents has 5 values; [1, 6] FP32 takes 6"),
+        (mixed_message(), "inputs[0] (kar): contents beside raw_input_contents for other inputs; send the "),
         (
             mor_message(region="input0"),
             "inputs[0] (mor): the shared-memory extension is not supported; send its data in the message",
@@ -454,6 +463,7 @@ def mor_message(
         "no-data",
         "raw-bytes",
         "typed-count",
+        "typed-and-raw",
         "input-shm",
         "output-shm",
     ],
