@@ -150,6 +150,13 @@ def decode(
     message = body.request
     raw = message.raw_input_contents
     if raw and len(raw) != len(message.inputs):
+        typed = next((i for i, tensor in enumerate(message.inputs) if tensor.HasField("contents")), None)
+        if typed is not None:  # some inputs raw, some typed: not a count to fix
+            raise InvalidInput(
+                f"inputs[{typed}] ({message.inputs[typed].name}): contents beside raw_input_contents for "
+                "other inputs; send the tensors one way: all raw (one entry per input, in input order) or "
+                "all typed"
+            )
         raise InvalidInput(
             f"raw_input_contents has {len(raw)} entries for {len(message.inputs)} inputs: send one per "
             "input, in input order"
@@ -169,7 +176,7 @@ def decode(
             if raw:
                 flat[i] = _raw_values(raw[i], f"{where}: raw_input_contents[{i}]", list(tensor.shape))
             else:
-                flat[i] = _typed_values(tensor.contents, where)
+                flat[i] = _typed_values(tensor.contents, where, list(tensor.shape))
         else:
             flat[i] = np.empty(0, np.float32)
         # REST's binary extension (kserve's client sends it beside raw contents): no meaning over gRPC,
@@ -224,17 +231,24 @@ def metadata(signature: ModelSignature) -> pb.ModelMetadataResponse:
     )
 
 
-def _typed_values(contents: pb.InferTensorContents, where: str) -> np.ndarray:
-    """An FP32 input's typed values: its ``fp32_contents``, and no values of another type beside them."""
+def _typed_values(contents: pb.InferTensorContents, where: str, shape: list[int]) -> np.ndarray:
+    """An FP32 input's typed values: its ``fp32_contents``, and no values of another type beside them; their
+    count checked against ``shape``'s (where it is one v2's checks can take: two dimensions, none
+    negative)."""
     others = [field.name for field, _ in contents.ListFields() if field.name != "fp32_contents"]
     if others:
         raise InvalidInput(
             f"{where}: {' and '.join(others)} for an FP32 input: send its values in fp32_contents (or "
             "raw_input_contents)"
         )
-    if not len(contents.fp32_contents):
-        raise InvalidInput(f"{where}: no fp32_contents and no raw_input_contents")
-    return np.array(contents.fp32_contents, dtype=np.float32)
+    values = contents.fp32_contents
+    if len(shape) == 2 and min(shape) >= 0 and len(values) != shape[0] * shape[1]:
+        if not len(values):
+            raise InvalidInput(f"{where}: no fp32_contents and no raw_input_contents")
+        raise InvalidInput(
+            f"{where}: fp32_contents has {len(values)} values; {shape} FP32 takes {shape[0] * shape[1]}"
+        )
+    return np.array(values, dtype=np.float32)
 
 
 def _raw_values(data: bytes, where: str, shape: list[int]) -> np.ndarray:

@@ -97,33 +97,42 @@ def _reads(parameters: dict[str, Any]) -> Meta:
     return Meta(extra_json_schema={"properties": properties})
 
 
-class InferInput(msgspec.Struct):
+class _Parameters(msgspec.Struct):
+    """An object of the protocol with ``parameters``: ``null`` is read as none given, as KServe and MLServer
+    read it (their pydantic request models write ``"parameters": null`` for parameters left out)."""
+
+    def __post_init__(self) -> None:
+        if self.parameters is None:
+            self.parameters = {}
+
+
+class InferInput(_Parameters):
     name: str
     datatype: str
     shape: list[int]
     parameters: Annotated[
-        dict[str, Any],
+        dict[str, Any] | None,
         _reads({"binary_data_size": Annotated[int, Meta(ge=0, description="bytes of its binary data")]}),
     ] = {}
     # Kept as raw JSON: decoded as flat float32 data in one typed pass (service.v2), nested only if need be.
     data: Annotated[msgspec.Raw, Meta(extra_json_schema={"type": "array", "items": {}})] | UnsetType = UNSET
 
 
-class InferRequestedOutput(msgspec.Struct):
+class InferRequestedOutput(_Parameters):
     name: str
     parameters: Annotated[
-        dict[str, Any],
+        dict[str, Any] | None,
         _reads({"binary_data": Annotated[bool, Meta(description="this output as binary data")]}),
     ] = {}
 
 
-class InferRequest(msgspec.Struct):
+class InferRequest(_Parameters):
     """``POST /v2/models/{name}[/versions/{version}]/infer``."""
 
     inputs: list[InferInput]
     id: str | None = None
     parameters: Annotated[
-        dict[str, Any],
+        dict[str, Any] | None,
         _reads(
             {
                 "method": Annotated[str, _METHOD],

@@ -99,7 +99,7 @@ def decode(
     fast = _read_fast(header, brackets) if length is None and len(header) >= _FAST_READ_BYTES else None
     if fast is None:
         check_json_containers(header, brackets, signature, max_samples=max_samples)  # msgspec makes objects
-    request, flat = fast if fast is not None else (_request(header), {})
+    request, flat = fast if fast is not None else (_request(header, signature, length), {})
     return tensors_request(request, flat, binary, signature, max_samples, binary_request=length is not None)
 
 
@@ -219,14 +219,20 @@ def header_length(text: str | None, body_size: int) -> int | None:
     return length
 
 
-def _request(header: bytes) -> InferRequest:
+def _request(header: bytes, signature: ModelSignature, length: int | None) -> InferRequest:
+    """The request in a JSON text (the body, or its first ``length`` bytes as its
+    Inference-Header-Content-Length says), or a 400 that says what is wrong with it."""
     try:
         request = _DECODER.decode(header)
     except msgspec.DecodeError as error:
-        message = _constant_in(header) or f"not an inference request: {error}{_without_header_length(header)}"
+        if not header and length is None:
+            raise InvalidInput("not an inference request: the body is empty") from None
+        message = _constant_in(header, signature)
+        framing = _framing(header, length, malformed=not isinstance(error, msgspec.ValidationError))
+        message = message or f"not an inference request: {error}{framing}"
         raise InvalidInput(message) from None
     except (msgspec.ValidationError, UnicodeDecodeError, RecursionError) as error:
-        raise InvalidInput(f"{_not_a_request(error).message}{_without_header_length(header)}") from None
+        raise InvalidInput(f"{_not_a_request(error).message}{_framing(header, length)}") from None
     from service import json_numbers  # the server's (simdjson); clients never decode requests
 
     # Each member of an object has its colon: a header with as many as the members msgspec kept repeats no
@@ -236,9 +242,19 @@ def _request(header: bytes) -> InferRequest:
     return request
 
 
-def _without_header_length(text: bytes) -> str:
-    """What to add to the error of a body that is not JSON and names binary tensors: they follow a JSON
-    header whose length the request must give (else the whole body is read as JSON)."""
+def _framing(text: bytes, length: int | None, *, malformed: bool = True) -> str:
+    """What to add to the error of a JSON text that does not parse where the body may not be framed as its
+    client meant: binary tensors after a JSON header whose length the request must give (else the whole body
+    is read as JSON), or a length given that is not the header's (the JSON cut short, or tensors' bytes
+    read as JSON: a length counted in characters, not bytes, or one off), where the header is not JSON
+    (``malformed``: a header that is JSON but not a request is framed right)."""
+    if length is not None:
+        if not malformed:
+            return ""
+        return (
+            f"; Inference-Header-Content-Length says the JSON header is the body's first {length} bytes: "
+            "it must be exactly the header's length in bytes, the binary tensors following it"
+        )
     if b'"binary_data_size"' not in text:
         return ""
     return (
@@ -247,10 +263,12 @@ def _without_header_length(text: bytes) -> str:
     )
 
 
-def _constant_in(header: bytes) -> str | None:
-    """Where a JSON text that msgspec found malformed has ``NaN`` or ``Infinity`` in an input's data, with
-    what to send instead; None if that is not what is wrong with it. Read by Python's parser, which takes
-    them; the text's counts (:func:`check_json_containers`) have bounded what it makes."""
+def _constant_in(header: bytes, signature: ModelSignature) -> str | None:
+    """Where a JSON text that msgspec found malformed has ``NaN`` or ``Infinity`` (what Python's json writes
+    for a float that is none: ``lambda=float("nan")``), with what to send instead: in an input's data, a
+    request option (worded as every protocol words a bad one), or anywhere else; None if that is not what is
+    wrong with it. Read by Python's parser, which takes them; the text's counts
+    (:func:`check_json_containers`) have bounded what it makes."""
     if b"NaN" not in header and b"Infinity" not in header:
         return None
     try:
@@ -266,7 +284,32 @@ def _constant_in(header: bytes) -> str | None:
                 f"inputs[{i}] ({tensor.get('name')}): data[{found[0]}] is {found[1]!r}; a view a sample "
                 "lacks goes as a row all NaN in binary data (or is left out of every sample)"
             )
-    return None
+    parameters = document.get("parameters") if isinstance(document, dict) else None
+    if isinstance(parameters, dict) and any(
+        isinstance(parameters.get(option), JSONConstant) for option in ("method", "lambda", "coverage")
+    ):
+        try:
+            _options(parameters, signature)
+        except InvalidInput as error:
+            return error.message
+    try:
+        where = _constant_at(document, "")
+    except RecursionError:
+        return None
+    return None if where is None else f"not an inference request: {where[0]} is {where[1]!r}"
+
+
+def _constant_at(value: Any, where: str) -> tuple[str, JSONConstant] | None:
+    """The first ``NaN`` or ``Infinity`` in a document Python's parser read, and where it is."""
+    if isinstance(value, JSONConstant):
+        return where or "the request", value
+    if isinstance(value, dict):
+        places = ((f"{where}.{key}" if where else key, item) for key, item in value.items())
+    elif isinstance(value, list):
+        places = ((f"{where}[{i}]", item) for i, item in enumerate(value))
+    else:
+        return None
+    return next((found for place, item in places if (found := _constant_at(item, place))), None)
 
 
 def _leaves(data: Any) -> Iterator[Any]:

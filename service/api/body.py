@@ -71,6 +71,7 @@ class Received:
         request = self.request
         declared = content_length(request.headers.get("content-length"), self._limit())
         encoding = request.headers.get("content-encoding", "identity").strip().lower()
+        encoding = "gzip" if encoding == "x-gzip" else encoding  # the same (RFC 9110 8.4.1.3)
         if encoding != "identity" and encoding not in _WBITS:
             raise UnsupportedMediaType(
                 f"Content-Encoding {encoding[:40]!r} is not supported; send identity, gzip or deflate"

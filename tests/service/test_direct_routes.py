@@ -49,6 +49,13 @@ REQUESTS = [
         {**JSON, "Content-Encoding": "gzip"},
         200,
     ),
+    (
+        "POST",
+        "/predict",
+        gzip.compress(json.dumps(PREDICT).encode()),
+        {**JSON, "Content-Encoding": "x-gzip"},
+        200,
+    ),
     ("POST", "/predict", json.dumps(PREDICT).encode(), {**JSON, "Content-Encoding": "br"}, 415),
     ("POST", "/v2/models/handwritten/infer", json.dumps(TENSORS).encode(), JSON, 200),
     ("POST", "/v2/models/handwritten/versions/1/infer", json.dumps(TENSORS).encode(), JSON, 200),

@@ -168,11 +168,12 @@ def test_a_request_over_4_mib_works(service, triton):
     assert_identical(answer["outputs"], rest(url, "cub", given, outputs=["label"])["outputs"])
 
 
-def test_gzip_compressed_requests_are_served(service, triton):
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])  # tritonclient's two
+def test_compressed_requests_are_served(service, triton, algorithm):
     url, address = service
     given = features(6, seed=5)
     answer = triton.submit(
-        grpc_clients.triton_infer, address, "handwritten", given, compression_algorithm="gzip"
+        grpc_clients.triton_infer, address, "handwritten", given, compression_algorithm=algorithm
     ).result()
     assert_identical(answer["outputs"], rest(url, "handwritten", given)["outputs"])
 
@@ -401,18 +402,32 @@ def test_typed_contents_are_answered_typed_and_as_rest(service):
 
 
 def mor_message(
-    raw: list[bytes] | None = None, *, region: str | None = None, output_region: str | None = None
+    raw: list[bytes] | None = None,
+    *,
+    region: str | None = None,
+    output_region: str | None = None,
+    typed: list[float] | None = None,
 ) -> bytes:
-    """A ModelInferRequest of one [1, 6] FP32 input, ``mor`` (its data in shared memory ``region``), and
-    ``raw_input_contents``; with ``output_region``, asking for ``label`` in that region."""
+    """A ModelInferRequest of one [1, 6] FP32 input, ``mor`` (its data in shared memory ``region``, or
+    ``typed`` in its fp32_contents), and ``raw_input_contents``; with ``output_region``, asking for
+    ``label`` in that region."""
     parameters = {} if region is None else {"shared_memory_region": pb.InferParameter(string_param=region)}
+    contents = None if typed is None else pb.InferTensorContents(fp32_contents=typed)
     tensor = pb.ModelInferRequest.InferInputTensor(
-        name="mor", datatype="FP32", shape=[1, 6], parameters=parameters
+        name="mor", datatype="FP32", shape=[1, 6], parameters=parameters, contents=contents
     )
     request = pb.ModelInferRequest(model_name="handwritten", inputs=[tensor], raw_input_contents=raw or [])
     if output_region is not None:
         region_parameter = {"shared_memory_region": pb.InferParameter(string_param=output_region)}
         request.outputs.add(name="label", parameters=region_parameter)
+    return request.SerializeToString()
+
+
+def mixed_message() -> bytes:
+    """``kar`` typed, then ``mor`` raw: one raw entry for two inputs, meant for the second."""
+    request = pb.ModelInferRequest(model_name="handwritten", raw_input_contents=[b"\0" * 24])
+    request.inputs.add(name="kar", datatype="FP32", shape=[1, 64]).contents.fp32_contents.extend([0.5] * 64)
+    request.inputs.add(name="mor", datatype="FP32", shape=[1, 6])
     return request.SerializeToString()
 
 
@@ -430,6 +445,8 @@ def mor_message(
             mor_message([b"\0" * 20]),
             "inputs[0] (mor): raw_input_contents[0] is 20 bytes; [1, 6] FP32 takes 24",
         ),
+        (mor_message(typed=[0.5] * 5), "inputs[0] (mor): fp32_contents has 5 values; [1, 6] FP32 takes 6"),
+        (mixed_message(), "inputs[0] (kar): contents beside raw_input_contents for other inputs; send the "),
         (
             mor_message(region="input0"),
             "inputs[0] (mor): the shared-memory extension is not supported; send its data in the message",
@@ -439,7 +456,17 @@ def mor_message(
             "outputs[0] (label): the shared-memory extension is not supported; leave its region out",
         ),
     ],
-    ids=["not-protobuf", "raw-count", "raw-size", "no-data", "raw-bytes", "input-shm", "output-shm"],
+    ids=[
+        "not-protobuf",
+        "raw-count",
+        "raw-size",
+        "no-data",
+        "raw-bytes",
+        "typed-count",
+        "typed-and-raw",
+        "input-shm",
+        "output-shm",
+    ],
 )
 def test_a_malformed_message_is_invalid_argument(service, body, message):
     _, address = service

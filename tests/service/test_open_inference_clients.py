@@ -20,6 +20,7 @@ from tests.service.conftest import MODELS, serving
 from tests.service.test_service import HANDWRITTEN_DIMS
 
 NAMES = list(HANDWRITTEN_DIMS)
+NAMES_OUT = ("label", "probability", "uncertainty", "high_conflict", "blamed_view")
 
 
 @pytest.fixture(scope="module")
@@ -227,3 +228,22 @@ def test_kserve_rest_client(url, binary):
     assert [o.name for o in only_label.outputs] == ["label"]
     assert only_label.outputs[0].as_numpy().tolist() == outputs["label"].tolist()
     assert error.response.status_code == 404 and "no model named 'nope'" in str(error)
+
+
+def test_kserve_v2_data_model_with_its_nulls(url):
+    """kserve's own request model (pydantic, as KServe's server reads requests) writes ``null`` for every
+    field left out, ``parameters`` too: read as none given, as KServe reads them."""
+    from kserve.protocol.rest.v2_datamodels import InferenceRequest, RequestInput, RequestOutput
+
+    given = features(3, seed=7)
+    inputs = [
+        RequestInput(name=name, shape=list(array.shape), datatype="FP32", data=array.ravel().tolist())
+        for name, array in given.items()
+    ]
+    request = InferenceRequest(inputs=inputs, outputs=[RequestOutput(name=name) for name in NAMES_OUT])
+    body = request.model_dump_json()
+    assert '"parameters":null' in body and '"id":null' in body
+    response = httpx.post(url + "/v2/models/handwritten/infer", content=body)
+    assert response.status_code == 200, response.text
+    outputs = {o["name"]: np.array(o["data"]).reshape(o["shape"]) for o in response.json()["outputs"]}
+    assert_same(outputs, expected(url, given))

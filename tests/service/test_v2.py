@@ -321,3 +321,48 @@ def test_fusion_parameters_and_outputs_are_checked(url):
     ):
         response = httpx.post(url + INFER, json={**base, **extra})
         assert response.status_code == 400 and message in response.text, response.text
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({"lambda": float("nan")}, "parameters.lambda must be a positive finite number, got NaN, which"),
+        ({"coverage": float("inf")}, "parameters.coverage must be a number between 0 and 1, got Infinity"),
+        ({"priority": float("-inf")}, "not an inference request: parameters.priority is -Infinity, which is"),
+    ],
+)
+def test_nan_and_infinity_in_parameters_are_named(url, parameters, message):
+    """Python's json (tritonclient's, httpx's) writes NaN and Infinity for such floats: not JSON, refused as
+    gRPC refuses them, the parameter named; not as malformed JSON at some byte."""
+    body = {"inputs": [{"name": "mor", "datatype": "FP32", "shape": [1, 6], "data": [0.5] * 6}]}
+    response = httpx.post(url + INFER, content=json.dumps({**body, "parameters": parameters}))
+    assert response.status_code == 400, response.text
+    assert response.json()["error"].startswith(message)
+
+
+@pytest.mark.parametrize("miscount", ["characters", "one more", "zero"])
+def test_a_header_length_that_is_not_the_headers_says_so(url, miscount):
+    """A client that counts its JSON header in characters (a non-ASCII id), or one off, cuts it short or reads
+    tensor bytes as JSON: the 400 says which length it gave and what it must be."""
+    tensor = {"name": "mor", "datatype": "FP32", "shape": [2, 6], "parameters": {"binary_data_size": 48}}
+    request = {"id": "réf-ü", "inputs": [tensor], "parameters": {"binary_data_output": False}}
+    header = json.dumps(request, ensure_ascii=False)
+    given = {"characters": len(header), "one more": len(header.encode()) + 1, "zero": 0}[miscount]
+    body = header.encode() + MOR
+    response = infer(url, body, {HEADER_LENGTH: str(given)})
+    assert response.status_code == 400, response.text
+    assert (
+        f"Inference-Header-Content-Length says the JSON header is the body's first {given} bytes: it must be "
+        "exactly the header's length in bytes" in response.json()["error"]
+    )
+    assert infer(url, body, {HEADER_LENGTH: str(len(header.encode()))}).json()["id"] == "réf-ü"
+
+
+def test_an_empty_body_or_a_header_that_is_no_request_is_named_as_such(url):
+    response = infer(url, b"", {"content-type": "application/json"})
+    assert response.status_code == 400
+    assert response.json()["error"] == "not an inference request: the body is empty"
+    header = b'{"id": 7, "inputs": []}'  # JSON, framed right, but no request: nothing about the length
+    response = infer(url, header + MOR, {HEADER_LENGTH: str(len(header))})
+    assert response.status_code == 400 and "Inference-Header-Content-Length" not in response.json()["error"]
+    assert "Expected `str | null`, got `int` - at `$.id`" in response.json()["error"]
