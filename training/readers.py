@@ -800,7 +800,9 @@ def features(values: np.ndarray, *, where: str) -> np.ndarray:
 def _check_varies(view: np.ndarray, *, where: str) -> None:
     """A :class:`DataError` for a view whose every feature is the same in every sample that has it: its head
     could learn nothing, and its one opinion, differing between the fold models and the served one, would
-    move every sample's conflict at once (the flag raised half of the clean test samples, against 5%)."""
+    move every sample's conflict at once (the flag raised half of the clean test samples, against 5%).
+
+    And for a column whose range float32 cannot scale by (:func:`_check_spans`)."""
     with np.errstate(invalid="ignore"):
         highest, lowest = np.fmax.reduce(view, axis=0), np.fmin.reduce(view, axis=0)
     if view.shape[0] and (highest == lowest).all():
@@ -808,6 +810,34 @@ def _check_varies(view: np.ndarray, *, where: str) -> None:
             f"{where}: every feature has one value in every sample (a constant view): there is nothing to "
             "learn from it; leave it out (--views) or check how the file was written"
         )
+    _check_spans(lowest, highest, where=where)
+
+
+_FLOAT32 = np.finfo(np.float32)
+
+
+def _check_spans(lowest: np.ndarray, highest: np.ndarray, *, where: str) -> None:
+    """A :class:`DataError` for a column whose range the served graph cannot scale by.
+
+    The graph scales in float32, ``(x - minimum) * (1 / span)``: a span beyond float32's largest number
+    (``-3e38`` to ``3e38``) is infinite there, and one below its smallest normal number (values of ``1e-40``)
+    has an infinite reciprocal. Either made NaN evidence, which fit found only once everything was trained,
+    comparing the graph with its head. Measured on every sample: the training split's range is no wider."""
+    span = highest.astype(np.float64) - lowest
+    wide, narrow = span > _FLOAT32.max, (span > 0) & (span < _FLOAT32.tiny)
+    if not (wide | narrow).any():
+        return
+    column = int(np.argmax(wide | narrow))
+    low, high, by = float(lowest[column]), float(highest[column]), float(span[column])
+    if wide[column]:
+        what = f"spread over {by:.3g}, more than float32's largest number ({float(_FLOAT32.max):.3g})"
+    else:
+        what = f"spread by only {by:.3g}, less than float32's smallest normal ({float(_FLOAT32.tiny):.3g})"
+    scale = f"{'divide' if wide[column] else 'multiply'} it by 1e{abs(int(np.floor(np.log10(by))))}"
+    raise DataError(
+        f"{where} column {column}: values from {low:.3g} to {high:.3g} are {what}, the type the model scales "
+        f"features in: {scale} (in float64) before fitting, and the same column of every request"
+    )
 
 
 class _Rounding:

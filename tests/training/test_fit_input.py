@@ -87,6 +87,29 @@ def test_a_parquet_column_float32_cannot_hold_is_refused(tmp_path):
         load(path)
 
 
+@pytest.mark.parametrize(
+    ("magnitude", "refusal"),
+    [
+        (3e38, "values from -3e+38 to 3e+38 are spread over 6e+38, more than float32's largest number"),
+        (1e-40, "are spread by only 2e-40, less than float32's smallest normal (1.18e-38)"),
+    ],
+)
+def test_a_column_whose_range_float32_cannot_scale_by_is_refused_before_training(
+    magnitude, refusal, data, tmp_path, capsys
+):
+    """Finite float32 values all, but the served graph's scaling, ``(x - minimum) * (1 / span)`` in float32,
+    made NaN of them: found by the export's parity check once everything was trained, as a traceback."""
+    image = np.load(data / "image.npy")
+    image[:, 1] = np.where(np.arange(60) % 2, magnitude, -magnitude).astype(np.float32)
+    np.save(data / "image.npy", image)
+    error = refused(capsys, "--data", data, "--out", tmp_path / "model")
+    assert f"{data / 'image.npy'} column 1: " in error and refusal in error
+    assert "by 1e" in error and "every request" in error and error.count("\n") == 1
+    image[:, 1] *= np.float32(0.5 if magnitude > 1 else 2e3)  # a span of 3e38, or of 4e-37: scaled
+    np.save(data / "image.npy", image)
+    load(data)
+
+
 # -- 2-5: labels as they were written ----------------------------------------------------------------------
 
 
