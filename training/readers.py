@@ -5,12 +5,13 @@ problem is a :class:`DataError` naming the file, column or view, and the row (0-
 count from 1), raised before anything is trained or written.
 
 ``DIR/`` (:func:`read_npy_directory`)
-    ``<view>.npy`` per view, shape ``(N, d)``, any integer or floating dtype; labels in ``labels.npy``
-    (``(N,)`` integers or strings) or ``labels.txt`` (one per line); optional ``classes.txt`` (class names in
-    label order). Every other ``.npy`` file is a view, named by its file name; a file ending in ``.NPY`` (any
-    other case) is refused rather than left out unseen. Each is a regular file (a symbolic link only to a
-    file inside the directory), and a ``.npy`` file of Python objects is refused: loading it would unpickle
-    it, which can run code. The label and split files are named by a plain file stem, never a path.
+    ``<view>.npy`` per view, shape ``(N, d)``, any integer, floating or bool dtype (bool as 0 and 1); labels
+    in ``labels.npy`` (``(N,)`` integers or strings) or ``labels.txt`` (one per line); optional
+    ``classes.txt`` (class names in label order). Every other ``.npy`` file is a view, named by its file name;
+    a file ending in ``.NPY`` (any other case) is refused rather than left out unseen. Each is a regular file
+    (a symbolic link only to a file inside the directory), and a ``.npy`` file of Python objects is refused:
+    loading it would unpickle it, which can run code. The label and split files are named by a plain file
+    stem, never a path.
 ``FILE.parquet`` (:func:`read_parquet`)
     A label column (``label``) and one column per view holding a list or fixed-size list of numbers per row
     (a plain numeric column is a view of width 1); every other column is a view, except the index columns
@@ -302,7 +303,12 @@ def _check_stem(stem: str, directory: Path, *, option: str, example: str) -> Non
 def _open_npy(path: Path, *, directory: Path) -> np.ndarray:
     """A view's ``.npy`` file, memory-mapped (converted chunk by chunk later), its shape and type checked."""
     array = _load_npy(path, directory=directory, mmap=True, instead="a view holds numbers, shape (N, d)")
-    if not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)):
+    # bool: flags, which the model reads, and the service takes, as 0 and 1
+    if not (
+        np.issubdtype(array.dtype, np.integer)
+        or np.issubdtype(array.dtype, np.floating)
+        or array.dtype == np.bool_
+    ):
         raise DataError(f"{path}: dtype {array.dtype} is not numeric; a view holds numbers, shape (N, d)")
     if array.ndim != 2:
         hint = " (reshape a single feature to (N, 1))" if array.ndim == 1 else ""
@@ -489,6 +495,9 @@ def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray
     fixed = pa.types.is_fixed_size_list(kind)
     is_list = fixed or pa.types.is_list(kind) or pa.types.is_large_list(kind)
     item = kind.value_type if is_list else kind
+    flags = pa.types.is_boolean(item)
+    if flags:  # read as 0 and 1, which the service takes; a null among them is a missing number's NaN
+        item = pa.float32()
     if not (pa.types.is_integer(item) or pa.types.is_floating(item)):
         raise DataError(f"{where}: type {kind} is not numeric; a view holds a list of numbers per row")
     width = kind.list_size if fixed else (None if is_list else 1)
@@ -508,10 +517,11 @@ def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray
         array = batch.column(0)
         n = len(array)
         valid = ~array.is_null().to_numpy(zero_copy_only=False)
+        numbers = array.flatten() if is_list else array
+        values = (numbers.cast(item) if flags else numbers).to_numpy(zero_copy_only=False)
         if not is_list:
-            values = array.to_numpy(zero_copy_only=False).reshape(-1, 1)[valid]
+            values = values.reshape(-1, 1)[valid]
         else:
-            values = array.flatten().to_numpy(zero_copy_only=False)
             if not fixed:  # every row's length: the first non-null row's
                 lengths = np.diff(array.offsets.to_numpy())[valid]
                 if width is None and lengths.size:

@@ -110,6 +110,31 @@ def test_a_column_whose_range_float32_cannot_scale_by_is_refused_before_training
     load(data)
 
 
+def test_a_view_of_flags_is_read_as_0_and_1(data, tmp_path):
+    """bool features (one-hot codes, yes/no answers) were refused as "not numeric", in both formats."""
+    flags = np.load(data / "text.npy") > 0
+    np.save(data / "text.npy", flags)
+    np.testing.assert_array_equal(load(data).views["text"], flags.astype(np.float32))
+    views, labels = dataset()
+    rows = [None if i == 3 else row.tolist() for i, row in enumerate(flags)]
+    path = tmp_path / "flags.parquet"
+    pq.write_table(
+        pa.table(
+            {
+                "image": list_column(views["image"]),
+                "flags": pa.array(rows, pa.list_(pa.bool_())),
+                "flag": pa.array([None, *flags[1:, 0].tolist()]),  # a plain column: width 1
+                "label": pa.array(labels),
+            }
+        ),
+        path,
+    )
+    read = load(path)
+    np.testing.assert_array_equal(read.views["flags"][4:], flags[4:].astype(np.float32))
+    assert np.isnan(read.views["flags"][3]).all() and np.isnan(read.views["flag"][0, 0])
+    assert read.views["flag"][1:, 0].tolist() == flags[1:, 0].astype(float).tolist()
+
+
 # -- 2-5: labels as they were written ----------------------------------------------------------------------
 
 
