@@ -1084,6 +1084,14 @@ def assemble(
 def _class_labels(labels: Column, classes: Sequence[str] | None) -> tuple[np.ndarray, tuple[str, ...]]:
     """Labels as class indices ``0 .. K-1`` and the class names (module notes)."""
     values = _typed(labels)
+    if values.dtype.kind == "U":  # what pandas and spreadsheets write for a missing label, not a class
+        blank = np.char.strip(values) == ""
+        if blank.any():
+            row = int(np.argmax(blank))
+            raise DataError(
+                f"{labels.where} row {row}: label missing ({str(values[row])!r}, a blank string); every "
+                "sample needs a label: fill it in, or leave the sample out"
+            )
     if classes is not None:
         classes = tuple(str(c) for c in classes)
         if len(set(classes)) != len(classes):  # classes.txt is checked as it is read, naming its lines

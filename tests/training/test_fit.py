@@ -453,6 +453,18 @@ BAD_DATA = {
         [],
         ["data.parquet column 'label' row 9: label missing"],
     ),
+    "a blank label": (  # a class named '' in answers, where labels.txt's blank line was refused
+        _npy(_save("labels", lambda views, labels: np.where(np.arange(60) == 8, "", labels))),
+        [],
+        ["labels.npy row 8: label missing ('', a blank string); every sample needs a label"],
+    ),
+    "a blank label in Parquet": (
+        _parquet(
+            lambda views, labels: _columns(views, labels, label=pa.array([*labels[:9], " ", *labels[10:]]))
+        ),
+        [],
+        ["data.parquet column 'label' row 9: label missing (' ', a blank string)"],
+    ),
     "an empty line of labels.txt": (
         _npy(_labels_txt(lambda labels: "\n".join([*labels[:2], "", *labels[3:]]) + "\n")),
         [],
