@@ -309,9 +309,16 @@ def _open_npy(path: Path, *, directory: Path) -> np.ndarray:
         or np.issubdtype(array.dtype, np.floating)
         or array.dtype == np.bool_
     ):
-        raise DataError(f"{path}: dtype {array.dtype} is not numeric; a view holds numbers, shape (N, d)")
+        raise DataError(
+            f"{path}: dtype {array.dtype} is not numeric; a view holds numbers, shape (N, d) (every .npy "
+            "file but the labels is a view: move it out of the directory, or name the views with --views)"
+        )
     if array.ndim != 2:
-        hint = " (reshape a single feature to (N, 1))" if array.ndim == 1 else ""
+        hint = ""
+        if array.ndim == 1:
+            hint = " (reshape a single feature to (N, 1))"
+        elif array.ndim > 2:  # images, (N, H, W), and sequences: a head takes one vector per sample
+            hint = " (flatten each sample's features: reshape to (N, -1))"
         raise DataError(f"{path}: shape {array.shape}; a view is a matrix (N, d){hint}")
     return array
 
@@ -499,7 +506,10 @@ def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray
     if flags:  # read as 0 and 1, which the service takes; a null among them is a missing number's NaN
         item = pa.float32()
     if not (pa.types.is_integer(item) or pa.types.is_floating(item)):
-        raise DataError(f"{where}: type {kind} is not numeric; a view holds a list of numbers per row")
+        raise DataError(
+            f"{where}: type {kind} is not numeric; a view holds a list of numbers per row (every column but "
+            "the label and split columns is a view: name the views with --views to leave it out)"
+        )
     width = kind.list_size if fixed else (None if is_list else 1)
     if width == 0:
         raise DataError(f"{where}: width 0 (every sample needs at least one feature)")

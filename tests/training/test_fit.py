@@ -414,12 +414,23 @@ BAD_DATA = {
     "non-numeric view": (
         _npy(_save("text", lambda views, labels: np.full((60, 3), "word"))),
         [],
-        ["text.npy: dtype <U4 is not numeric"],
+        [
+            "text.npy: dtype <U4 is not numeric",
+            "move it out of the directory, or name the views with --views",
+        ],
+    ),
+    "a view of images": (
+        _npy(_save("image", lambda views, labels: np.ones((60, 4, 4), np.uint8))),
+        [],
+        ["image.npy: shape (60, 4, 4); a view is a matrix (N, d)", "reshape to (N, -1)"],
     ),
     "non-numeric Parquet column": (
         _parquet(lambda views, labels: _columns(views, labels, text=pa.array(["word"] * 60))),
         [],
-        ["data.parquet column 'text': type string is not numeric"],
+        [
+            "data.parquet column 'text': type string is not numeric",
+            "name the views with --views to leave it out",
+        ],
     ),
     "view of width 0": (
         _npy(_save("text", lambda views, labels: np.zeros((60, 0), np.float32))),
