@@ -1135,6 +1135,14 @@ def _class_labels(labels: Column, classes: Sequence[str] | None) -> tuple[np.nda
                         f"({', '.join(classes[:10])}{', ...' if len(classes) > 10 else ''})"
                     )
                 codes[row] = index[value]
+    unused = np.flatnonzero(np.bincount(codes, minlength=len(classes)) == 0)
+    if unused.size:  # else refused later as a class of 0 samples, not naming the list that holds it
+        more = f" (and {unused.size - 1} more)" if unused.size > 1 else ""
+        raise DataError(
+            f"{labels.where}: no sample of class {classes[int(unused[0])]!r}{more}, which the class names "
+            "given (classes.txt or --classes) list: a model cannot learn a class from no samples; leave it "
+            "out of them"
+        )
     if len(np.unique(codes)) < 2:
         only = classes[int(codes[0])] if codes.size else "none"
         raise DataError(f"{labels.where}: a single class ({only!r}); a classifier needs two or more")

@@ -524,6 +524,11 @@ BAD_DATA = {
         ["--classes", "cat,dog"],
         ["labels.npy row", "label 'eel' is not among the class names given (cat, dog)"],
     ),
+    "a class given that no label has": (  # it was a class of "0 samples", not said where it was listed
+        _npy(lambda views, labels, directory: (directory / "classes.txt").write_text("cat\ndog\neel\nfox\n")),
+        [],
+        ["labels.npy: no sample of class 'fox', which the class names given (classes.txt or --classes) list"],
+    ),
     "an unknown split": (
         _npy(_save("fold", lambda views, labels: np.array(["train"] * 59 + ["dev"]))),
         ["--split-column", "fold"],
