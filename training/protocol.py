@@ -542,6 +542,8 @@ def evaluation_sets(
         else:
             _check_class_sizes(data)
             train, validation, test = stratified_split(labels, seed=seed)
+        if present is not None:
+            _check_views_in_training(data, train)
         scaler = MinMaxScaler.fit(data.views, rows=train, present=present)
     elif protocol == "paper":
         if data.split is not None:
@@ -688,6 +690,26 @@ def _check_class_sizes(data: MultiViewData) -> None:
         raise DataError(
             f"{data.source or data.name}: class {data.class_names[k]!r} has {int(counts[k])} samples{more}; "
             f"at least {needed} per class are needed to put one in each of the {shares} splits"
+        )
+
+
+def _check_views_in_training(data: MultiViewData, train: np.ndarray) -> None:
+    """A :class:`DataError` for a view none of whose samples is in the training split: its head would learn
+    nothing, and scaling it nothing to scale by (the scaler's own error named neither file nor rows)."""
+    trained = data.present[train].any(axis=0)
+    for name, has, present in zip(data.view_names, trained, data.present.T, strict=True):
+        if has:
+            continue
+        rows = np.flatnonzero(present)
+        shown = ", ".join(str(row) for row in rows[:5]) + (", ..." if rows.size > 5 else "")
+        if data.split is not None:
+            where, fix = "the split column puts", "put some of them in train"
+        else:
+            where, fix = "the random split put", "give the view more samples"
+        raise DataError(
+            f"{data.source or data.name}: view {name!r} is in {rows.size} samples (rows {shown}), and "
+            f"{where} none of them in train: its head would have nothing to learn from; {fix}, or leave the "
+            "view out (--views)"
         )
 
 

@@ -5,12 +5,13 @@ problem is a :class:`DataError` naming the file, column or view, and the row (0-
 count from 1), raised before anything is trained or written.
 
 ``DIR/`` (:func:`read_npy_directory`)
-    ``<view>.npy`` per view, shape ``(N, d)``, any integer or floating dtype; labels in ``labels.npy``
-    (``(N,)`` integers or strings) or ``labels.txt`` (one per line); optional ``classes.txt`` (class names in
-    label order). Every other ``.npy`` file is a view, named by its file name; a file ending in ``.NPY`` (any
-    other case) is refused rather than left out unseen. Each is a regular file (a symbolic link only to a
-    file inside the directory), and a ``.npy`` file of Python objects is refused: loading it would unpickle
-    it, which can run code. The label and split files are named by a plain file stem, never a path.
+    ``<view>.npy`` per view, shape ``(N, d)``, any integer, floating or bool dtype (bool as 0 and 1); labels
+    in ``labels.npy`` (``(N,)`` integers or strings) or ``labels.txt`` (one per line); optional
+    ``classes.txt`` (class names in label order). Every other ``.npy`` file is a view, named by its file name;
+    a file ending in ``.NPY`` (any other case) is refused rather than left out unseen. Each is a regular file
+    (a symbolic link only to a file inside the directory), and a ``.npy`` file of Python objects is refused:
+    loading it would unpickle it, which can run code. The label and split files are named by a plain file
+    stem, never a path.
 ``FILE.parquet`` (:func:`read_parquet`)
     A label column (``label``) and one column per view holding a list or fixed-size list of numbers per row
     (a plain numeric column is a view of width 1); every other column is a view, except the index columns
@@ -302,10 +303,22 @@ def _check_stem(stem: str, directory: Path, *, option: str, example: str) -> Non
 def _open_npy(path: Path, *, directory: Path) -> np.ndarray:
     """A view's ``.npy`` file, memory-mapped (converted chunk by chunk later), its shape and type checked."""
     array = _load_npy(path, directory=directory, mmap=True, instead="a view holds numbers, shape (N, d)")
-    if not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)):
-        raise DataError(f"{path}: dtype {array.dtype} is not numeric; a view holds numbers, shape (N, d)")
+    # bool: flags, which the model reads, and the service takes, as 0 and 1
+    if not (
+        np.issubdtype(array.dtype, np.integer)
+        or np.issubdtype(array.dtype, np.floating)
+        or array.dtype == np.bool_
+    ):
+        raise DataError(
+            f"{path}: dtype {array.dtype} is not numeric; a view holds numbers, shape (N, d) (every .npy "
+            "file but the labels is a view: move it out of the directory, or name the views with --views)"
+        )
     if array.ndim != 2:
-        hint = " (reshape a single feature to (N, 1))" if array.ndim == 1 else ""
+        hint = ""
+        if array.ndim == 1:
+            hint = " (reshape a single feature to (N, 1))"
+        elif array.ndim > 2:  # images, (N, H, W), and sequences: a head takes one vector per sample
+            hint = " (flatten each sample's features: reshape to (N, -1))"
         raise DataError(f"{path}: shape {array.shape}; a view is a matrix (N, d){hint}")
     return array
 
@@ -489,8 +502,14 @@ def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray
     fixed = pa.types.is_fixed_size_list(kind)
     is_list = fixed or pa.types.is_list(kind) or pa.types.is_large_list(kind)
     item = kind.value_type if is_list else kind
+    flags = pa.types.is_boolean(item)
+    if flags:  # read as 0 and 1, which the service takes; a null among them is a missing number's NaN
+        item = pa.float32()
     if not (pa.types.is_integer(item) or pa.types.is_floating(item)):
-        raise DataError(f"{where}: type {kind} is not numeric; a view holds a list of numbers per row")
+        raise DataError(
+            f"{where}: type {kind} is not numeric; a view holds a list of numbers per row (every column but "
+            "the label and split columns is a view: name the views with --views to leave it out)"
+        )
     width = kind.list_size if fixed else (None if is_list else 1)
     if width == 0:
         raise DataError(f"{where}: width 0 (every sample needs at least one feature)")
@@ -508,10 +527,11 @@ def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray
         array = batch.column(0)
         n = len(array)
         valid = ~array.is_null().to_numpy(zero_copy_only=False)
+        numbers = array.flatten() if is_list else array
+        values = (numbers.cast(item) if flags else numbers).to_numpy(zero_copy_only=False)
         if not is_list:
-            values = array.to_numpy(zero_copy_only=False).reshape(-1, 1)[valid]
+            values = values.reshape(-1, 1)[valid]
         else:
-            values = array.flatten().to_numpy(zero_copy_only=False)
             if not fixed:  # every row's length: the first non-null row's
                 lengths = np.diff(array.offsets.to_numpy())[valid]
                 if width is None and lengths.size:
@@ -800,7 +820,9 @@ def features(values: np.ndarray, *, where: str) -> np.ndarray:
 def _check_varies(view: np.ndarray, *, where: str) -> None:
     """A :class:`DataError` for a view whose every feature is the same in every sample that has it: its head
     could learn nothing, and its one opinion, differing between the fold models and the served one, would
-    move every sample's conflict at once (the flag raised half of the clean test samples, against 5%)."""
+    move every sample's conflict at once (the flag raised half of the clean test samples, against 5%).
+
+    And for a column whose range float32 cannot scale by (:func:`_check_spans`)."""
     with np.errstate(invalid="ignore"):
         highest, lowest = np.fmax.reduce(view, axis=0), np.fmin.reduce(view, axis=0)
     if view.shape[0] and (highest == lowest).all():
@@ -808,6 +830,34 @@ def _check_varies(view: np.ndarray, *, where: str) -> None:
             f"{where}: every feature has one value in every sample (a constant view): there is nothing to "
             "learn from it; leave it out (--views) or check how the file was written"
         )
+    _check_spans(lowest, highest, where=where)
+
+
+_FLOAT32 = np.finfo(np.float32)
+
+
+def _check_spans(lowest: np.ndarray, highest: np.ndarray, *, where: str) -> None:
+    """A :class:`DataError` for a column whose range the served graph cannot scale by.
+
+    The graph scales in float32, ``(x - minimum) * (1 / span)``: a span beyond float32's largest number
+    (``-3e38`` to ``3e38``) is infinite there, and one below its smallest normal number (values of ``1e-40``)
+    has an infinite reciprocal. Either made NaN evidence, which fit found only once everything was trained,
+    comparing the graph with its head. Measured on every sample: the training split's range is no wider."""
+    span = highest.astype(np.float64) - lowest
+    wide, narrow = span > _FLOAT32.max, (span > 0) & (span < _FLOAT32.tiny)
+    if not (wide | narrow).any():
+        return
+    column = int(np.argmax(wide | narrow))
+    low, high, by = float(lowest[column]), float(highest[column]), float(span[column])
+    if wide[column]:
+        what = f"spread over {by:.3g}, more than float32's largest number ({float(_FLOAT32.max):.3g})"
+    else:
+        what = f"spread by only {by:.3g}, less than float32's smallest normal ({float(_FLOAT32.tiny):.3g})"
+    scale = f"{'divide' if wide[column] else 'multiply'} it by 1e{abs(int(np.floor(np.log10(by))))}"
+    raise DataError(
+        f"{where} column {column}: values from {low:.3g} to {high:.3g} are {what}, the type the model scales "
+        f"features in: {scale} (in float64) before fitting, and the same column of every request"
+    )
 
 
 class _Rounding:
@@ -1044,6 +1094,14 @@ def assemble(
 def _class_labels(labels: Column, classes: Sequence[str] | None) -> tuple[np.ndarray, tuple[str, ...]]:
     """Labels as class indices ``0 .. K-1`` and the class names (module notes)."""
     values = _typed(labels)
+    if values.dtype.kind == "U":  # what pandas and spreadsheets write for a missing label, not a class
+        blank = np.char.strip(values) == ""
+        if blank.any():
+            row = int(np.argmax(blank))
+            raise DataError(
+                f"{labels.where} row {row}: label missing ({str(values[row])!r}, a blank string); every "
+                "sample needs a label: fill it in, or leave the sample out"
+            )
     if classes is not None:
         classes = tuple(str(c) for c in classes)
         if len(set(classes)) != len(classes):  # classes.txt is checked as it is read, naming its lines
@@ -1077,6 +1135,14 @@ def _class_labels(labels: Column, classes: Sequence[str] | None) -> tuple[np.nda
                         f"({', '.join(classes[:10])}{', ...' if len(classes) > 10 else ''})"
                     )
                 codes[row] = index[value]
+    unused = np.flatnonzero(np.bincount(codes, minlength=len(classes)) == 0)
+    if unused.size:  # else refused later as a class of 0 samples, not naming the list that holds it
+        more = f" (and {unused.size - 1} more)" if unused.size > 1 else ""
+        raise DataError(
+            f"{labels.where}: no sample of class {classes[int(unused[0])]!r}{more}, which the class names "
+            "given (classes.txt or --classes) list: a model cannot learn a class from no samples; leave it "
+            "out of them"
+        )
     if len(np.unique(codes)) < 2:
         only = classes[int(codes[0])] if codes.size else "none"
         raise DataError(f"{labels.where}: a single class ({only!r}); a classifier needs two or more")

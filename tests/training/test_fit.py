@@ -414,12 +414,23 @@ BAD_DATA = {
     "non-numeric view": (
         _npy(_save("text", lambda views, labels: np.full((60, 3), "word"))),
         [],
-        ["text.npy: dtype <U4 is not numeric"],
+        [
+            "text.npy: dtype <U4 is not numeric",
+            "move it out of the directory, or name the views with --views",
+        ],
+    ),
+    "a view of images": (
+        _npy(_save("image", lambda views, labels: np.ones((60, 4, 4), np.uint8))),
+        [],
+        ["image.npy: shape (60, 4, 4); a view is a matrix (N, d)", "reshape to (N, -1)"],
     ),
     "non-numeric Parquet column": (
         _parquet(lambda views, labels: _columns(views, labels, text=pa.array(["word"] * 60))),
         [],
-        ["data.parquet column 'text': type string is not numeric"],
+        [
+            "data.parquet column 'text': type string is not numeric",
+            "name the views with --views to leave it out",
+        ],
     ),
     "view of width 0": (
         _npy(_save("text", lambda views, labels: np.zeros((60, 0), np.float32))),
@@ -452,6 +463,18 @@ BAD_DATA = {
         ),
         [],
         ["data.parquet column 'label' row 9: label missing"],
+    ),
+    "a blank label": (  # a class named '' in answers, where labels.txt's blank line was refused
+        _npy(_save("labels", lambda views, labels: np.where(np.arange(60) == 8, "", labels))),
+        [],
+        ["labels.npy row 8: label missing ('', a blank string); every sample needs a label"],
+    ),
+    "a blank label in Parquet": (
+        _parquet(
+            lambda views, labels: _columns(views, labels, label=pa.array([*labels[:9], " ", *labels[10:]]))
+        ),
+        [],
+        ["data.parquet column 'label' row 9: label missing (' ', a blank string)"],
     ),
     "an empty line of labels.txt": (
         _npy(_labels_txt(lambda labels: "\n".join([*labels[:2], "", *labels[3:]]) + "\n")),
@@ -500,6 +523,11 @@ BAD_DATA = {
         _npy(lambda views, labels, directory: None),
         ["--classes", "cat,dog"],
         ["labels.npy row", "label 'eel' is not among the class names given (cat, dog)"],
+    ),
+    "a class given that no label has": (  # it was a class of "0 samples", not said where it was listed
+        _npy(lambda views, labels, directory: (directory / "classes.txt").write_text("cat\ndog\neel\nfox\n")),
+        [],
+        ["labels.npy: no sample of class 'fox', which the class names given (classes.txt or --classes) list"],
     ),
     "an unknown split": (
         _npy(_save("fold", lambda views, labels: np.array(["train"] * 59 + ["dev"]))),

@@ -87,6 +87,54 @@ def test_a_parquet_column_float32_cannot_hold_is_refused(tmp_path):
         load(path)
 
 
+@pytest.mark.parametrize(
+    ("magnitude", "refusal"),
+    [
+        (3e38, "values from -3e+38 to 3e+38 are spread over 6e+38, more than float32's largest number"),
+        (1e-40, "are spread by only 2e-40, less than float32's smallest normal (1.18e-38)"),
+    ],
+)
+def test_a_column_whose_range_float32_cannot_scale_by_is_refused_before_training(
+    magnitude, refusal, data, tmp_path, capsys
+):
+    """Finite float32 values all, but the served graph's scaling, ``(x - minimum) * (1 / span)`` in float32,
+    made NaN of them: found by the export's parity check once everything was trained, as a traceback."""
+    image = np.load(data / "image.npy")
+    image[:, 1] = np.where(np.arange(60) % 2, magnitude, -magnitude).astype(np.float32)
+    np.save(data / "image.npy", image)
+    error = refused(capsys, "--data", data, "--out", tmp_path / "model")
+    assert f"{data / 'image.npy'} column 1: " in error and refusal in error
+    assert "by 1e" in error and "every request" in error and error.count("\n") == 1
+    image[:, 1] *= np.float32(0.5 if magnitude > 1 else 2e3)  # a span of 3e38, or of 4e-37: scaled
+    np.save(data / "image.npy", image)
+    load(data)
+
+
+def test_a_view_of_flags_is_read_as_0_and_1(data, tmp_path):
+    """bool features (one-hot codes, yes/no answers) were refused as "not numeric", in both formats."""
+    flags = np.load(data / "text.npy") > 0
+    np.save(data / "text.npy", flags)
+    np.testing.assert_array_equal(load(data).views["text"], flags.astype(np.float32))
+    views, labels = dataset()
+    rows = [None if i == 3 else row.tolist() for i, row in enumerate(flags)]
+    path = tmp_path / "flags.parquet"
+    pq.write_table(
+        pa.table(
+            {
+                "image": list_column(views["image"]),
+                "flags": pa.array(rows, pa.list_(pa.bool_())),
+                "flag": pa.array([None, *flags[1:, 0].tolist()]),  # a plain column: width 1
+                "label": pa.array(labels),
+            }
+        ),
+        path,
+    )
+    read = load(path)
+    np.testing.assert_array_equal(read.views["flags"][4:], flags[4:].astype(np.float32))
+    assert np.isnan(read.views["flags"][3]).all() and np.isnan(read.views["flag"][0, 0])
+    assert read.views["flag"][1:, 0].tolist() == flags[1:, 0].astype(float).tolist()
+
+
 # -- 2-5: labels as they were written ----------------------------------------------------------------------
 
 

@@ -181,6 +181,20 @@ def test_no_validation_sample_to_make_conflictive_is_refused_before_training(tmp
     assert "no validation sample has two views or more" in error
 
 
+def test_a_view_with_no_sample_in_train_is_refused_naming_where_it_is(tmp_path, capsys):
+    """Its error named neither the data nor the rows, nor said what to do."""
+    views, labels = dataset()
+    fold = split_column(labels, validation=2, test=4)
+    views["image"][fold == "train"] = np.nan  # in the validation and test samples alone
+    data = write_npy(tmp_path / "data", views, labels, fold=fold)
+    error = refused(capsys, "--data", data, "--out", tmp_path / "model", "--split-column", "fold")
+    rows = ", ".join(map(str, np.flatnonzero(fold != "train")[:5]))
+    assert (
+        f"{data}: view 'image' is in 18 samples (rows {rows}, ...), and the split column puts none" in error
+    )
+    assert "put some of them in train, or leave the view out (--views)" in error
+
+
 @pytest.mark.parametrize("kind", ["parquet", "npy"])
 def test_more_views_than_fit_takes_are_refused_before_reading_them(kind, tmp_path, capsys):
     _, labels = dataset()
