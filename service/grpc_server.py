@@ -18,6 +18,7 @@ here, with REST's messages (:data:`STATUS`); a bug is INTERNAL, never a client's
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 import threading
@@ -194,18 +195,28 @@ def _typed(method: Handler, kind: type) -> Handler:
     return call
 
 
-def _answering(method: Handler) -> Handler:
+def _answering(method: Handler, *, stopping: asyncio.Event) -> Handler:
     """``method`` with its errors as gRPC statuses: a domain error's code (:data:`STATUS`) and message,
-    counted by reason as REST's; anything else a bug: logged, counted, INTERNAL."""
+    counted by reason as REST's; anything else a bug: logged, counted, INTERNAL. Once ``stopping`` is set
+    (the server drains), a call that gRPC ends (the drain's grace passed) is counted as REST's requests cut
+    at shutdown are, and left to gRPC to end."""
 
     async def answer(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             return await method(request, context)
-        except asyncio.CancelledError:  # the client went away, or its deadline passed, mid-call
-            metrics.ERRORS.labels(reason="client_disconnected").inc()
+        except asyncio.CancelledError:  # the client went away, or its deadline passed, or the drain's grace
+            cut = "shutting_down" if stopping.is_set() else "client_disconnected"
+            metrics.ERRORS.labels(reason=cut).inc()
             raise
         except grpc.aio.AbortError:  # a status the method set itself (health's NOT_FOUND)
             raise
+        except grpc.aio.BaseError as error:
+            # A call that stopped waiting (for a read slot, a batch) after gRPC's server stopped: any use of
+            # its context raises, and grpc.aio ends it (UNAVAILABLE). Misuse (UsageError) is still a bug.
+            if stopping.is_set() and not isinstance(error, grpc.aio.UsageError):
+                metrics.ERRORS.labels(reason="shutting_down").inc()
+                raise
+            code, message = _internal_error()
         except ServiceError as error:
             code = STATUS.get(error.type)
             if code is None:  # a domain error with no client's cause (none today): the server's
@@ -216,12 +227,17 @@ def _answering(method: Handler) -> Handler:
                 context.set_trailing_metadata((("retry-after", retry),))
             message = error.message
         except Exception:
-            log.exception("unexpected error serving a gRPC call")
-            metrics.ERRORS.labels(reason="internal_error").inc()
-            code, message = grpc.StatusCode.INTERNAL, "internal error; see the service log"
+            code, message = _internal_error()
         await context.abort(code, status_details(message))
 
     return answer
+
+
+def _internal_error() -> tuple[grpc.StatusCode, str]:
+    """A bug, while its exception is handled: logged with its traceback, counted; the status to end with."""
+    log.exception("unexpected error serving a gRPC call")
+    metrics.ERRORS.labels(reason="internal_error").inc()
+    return grpc.StatusCode.INTERNAL, "internal error; see the service log"
 
 
 # The methods behind DBF_API_KEY: what REST guards under /v2/models. Liveness, readiness, server metadata,
@@ -334,9 +350,12 @@ class GrpcFrontEnd:
     """The gRPC server of one worker process: started by :func:`start`, drained by :meth:`stop`, which
     begins as soon as the process is told to stop (:meth:`stop_on_signals`)."""
 
-    def __init__(self, server: grpc.aio.Server, health_servicer: health.aio.HealthServicer) -> None:
+    def __init__(
+        self, server: grpc.aio.Server, health_servicer: health.aio.HealthServicer, stopping: asyncio.Event
+    ) -> None:
         self.server, self.health = server, health_servicer
-        self._stopping: asyncio.Task | None = None
+        self.stopping = stopping  # set as the drain begins (what the calls' answers count cuts by)
+        self._drain_task: asyncio.Task | None = None
 
     async def stop(self, grace: float) -> None:
         """Not serving (health says so at once), then the calls in progress finish within ``grace``
@@ -344,9 +363,10 @@ class GrpcFrontEnd:
         await asyncio.shield(self._begin_stop(grace))
 
     def _begin_stop(self, grace: float) -> asyncio.Task:
-        if self._stopping is None:
-            self._stopping = asyncio.ensure_future(self._drain(grace))
-        return self._stopping
+        if self._drain_task is None:
+            self.stopping.set()
+            self._drain_task = asyncio.ensure_future(self._drain(grace))
+        return self._drain_task
 
     async def _drain(self, grace: float) -> None:
         await self.health.enter_graceful_shutdown()
@@ -406,7 +426,8 @@ async def start(plane: DataPlane, settings: Settings, version: str) -> GrpcFront
         timeout=settings.body_timeout_seconds,
         retry_after=settings.retry_after_seconds,
     )
-    bounded = BoundedServer(server, reads, _answering)
+    stopping = asyncio.Event()
+    bounded = BoundedServer(server, reads, functools.partial(_answering, stopping=stopping))
     answers = HeldAnswers(settings.body_memory_bytes, settings.retry_after_seconds)
     # grpc.aio hands calls over one at a time: their batches wait for more (service.batching)
     wait = BatchWait(settings.grpc_batch_delay_ms / 1000, settings.grpc_batch_max_delay_ms / 1000)
@@ -425,7 +446,7 @@ async def start(plane: DataPlane, settings: Settings, version: str) -> GrpcFront
     for service in ("", grpc_codec.SERVICE):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     log.info("gRPC (Open Inference Protocol) on %s", address)
-    return GrpcFrontEnd(server, health_servicer)
+    return GrpcFrontEnd(server, health_servicer, stopping)
 
 
 def _int32(value: float) -> int:
