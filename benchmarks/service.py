@@ -142,14 +142,17 @@ def main() -> None:
         device = (("DBF_DEVICE", args.device),)
         cases = [replace(case, server_env=case.server_env + device) for case in cases]
     baseline = f"the service of {args.against}" if args.against else "yardstick (bare FastAPI + pydantic)"
+    # the services started inherit the environment: DBF_WORKERS=8 runs eight worker processes each
+    workers = os.environ.get("DBF_WORKERS", "1")
+    workers = "one uvicorn worker" if workers == "1" else f"uvicorn workers: {workers} (DBF_WORKERS)"
     if args.paired:
         print(
-            f"# service benchmark: model {manifest.name}, wrk, one uvicorn worker each; both servers up, "
+            f"# service benchmark: model {manifest.name}, wrk, {workers} each; both servers up, "
             f"{args.paired} pairs of alternating {args.seconds} s runs; medians"
         )
     else:
         print(
-            f"# service benchmark: model {manifest.name}, wrk, one uvicorn worker; per case the median of "
+            f"# service benchmark: model {manifest.name}, wrk, {workers}; per case the median of "
             f"{args.repeat} runs of {args.seconds} s, yardstick and service alternated"
         )
     print(f"# {os.cpu_count()} cores; ratio = service / {baseline} (grpc cases: gRPC / REST binary tensors)")
