@@ -203,6 +203,26 @@ def test_the_card_and_summary_compare_with_each_view_and_a_plain_model_with_inte
     assert re.search(r"test: \d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\] clean", summary)
 
 
+def test_the_summary_gives_the_accuracy_and_flag_rates_with_their_intervals_and_counts(tmp_path, capsys):
+    # On 12 test samples an accuracy of 1.000 can be as low as 0.735: the summary line, what a user reads
+    # first, says so, as the card's summary does.
+    from scipy.stats import binomtest
+
+    views, labels = dataset()
+    out = tmp_path / "models" / "pets"
+    assert fit("--data", write_npy(tmp_path / "data", views, labels), "--out", out, *QUICK) == 0
+    summary, manifest = capsys.readouterr().out, read_manifest(out)
+
+    def shown(rate: float) -> str:
+        right = round(rate * 12)
+        interval = binomtest(right, 12).proportion_ci(method="exact")
+        return f"{right / 12:.3f} [{interval.low:.3f}, {interval.high:.3f}]"
+
+    assert f"accuracy {shown(manifest.metrics.acc_normal)} on 12 clean test samples (best view" in summary
+    flag = manifest.conflict_flag.test
+    assert f"(test: {shown(flag.clean)} clean, {shown(flag.conflictive)} conflictive, of 12 each)" in summary
+
+
 def test_a_small_validation_split_is_cross_fitted_and_an_unsupported_target_is_said(tmp_path, capsys):
     views, labels = dataset()  # 60 samples: 6 to validate, 48 not to test
     out = tmp_path / "models" / "pets"
