@@ -299,6 +299,24 @@ def test_a_useless_view_is_warned_about(tmp_path, capsys):
     assert "`signal` alone is right on" not in error
 
 
+def test_categories_shared_by_test_and_fitted_samples_are_not_called_optimistic_alone(tmp_path, capsys):
+    """A probe's data of categories alone (three views of two 3-level codes, 600 samples: 410 distinct
+    rows): 54 of its 119 test samples were exact copies of fitted ones, and the warning said every test
+    figure was optimistic and to drop duplicates. Distinct samples drawn alike share their features there:
+    on 20,000 new samples the model was right 82.9% of the time, inside the test's 87.4% [80.1, 92.8], and
+    its copies no likelier right than the rest (88.9%, 86.2%); dropping them would skew the data. The
+    warning says which reading is which."""
+    rng = np.random.default_rng(0)
+    views = {name: rng.integers(0, 3, (300, 2)) for name in ("household", "vehicle", "region")}
+    score = sum(matrix[:, 0] for matrix in views.values()) + rng.normal(0, 0.7, 300)
+    data = write_npy(tmp_path / "data", views, np.where(score > 3, "high", "low"))
+    assert fit("--data", data, "--out", tmp_path / "models" / "households", *QUICK) == 0
+    [warning] = [line for line in capsys.readouterr().err.splitlines() if "exact copies" in line]
+    assert "where they are one sample recorded twice, every test figure here is optimistic" in warning
+    assert "where distinct samples can share all their features" in warning
+    assert "such copies are expected and the figures hold" in warning
+
+
 def test_the_card_shows_class_names_as_written_and_runs_none_of_them(tmp_path):
     """Class names are the data's: a bar broke the card's class table, a line break started a heading, and
     a tag was written as HTML that renderers run (mkdocs among them). And a run its epoch cap ended while
