@@ -238,6 +238,22 @@ def test_a_small_validation_split_is_cross_fitted_and_an_unsupported_target_is_s
     assert "out-of-fold evidence of all 48 non-test samples" in card and "Cross-conformal" in card
 
 
+def test_a_cross_fitted_card_claims_no_guarantee_for_the_served_model_theory_gives_only_the_fold_models(
+    tmp_path,
+):
+    """Cross-fitted, the card said "theory guarantees a coverage of at least 1 - 2 (1 - c)" for the served
+    model's sets. CV+'s bound (Barber et al. 2021) is for sets made with the fold models' own scores of a
+    new sample; the served model is another model (trained on the training split, not the fold models'
+    data), held to their threshold: what backs its coverage is measurement (training/crossfit.py)."""
+    views, labels = dataset()  # 60 samples: cross-fitted
+    out = tmp_path / "models" / "pets"
+    assert fit("--data", write_npy(tmp_path / "data", views, labels), "--out", out, *QUICK) == 0
+    card = " ".join((out / "card.md").read_text().split())
+    assert "theory guarantees a coverage of at least 1 - 2 (1 - c)" not in card
+    assert "theory guarantees the 5 fold models' own sets a coverage of at least 1 - 2 (1 - c)" in card
+    assert "the served model is held to their threshold without a guarantee of its own" in card
+
+
 def test_a_large_validation_split_calibrates_alone_with_split_conformal(tmp_path, capsys):
     views, labels = dataset(per_class=1000)  # 300 to validate: enough to calibrate on alone
     out = tmp_path / "models" / "pets"
