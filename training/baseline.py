@@ -103,9 +103,10 @@ class Comparison:
         low, high = self.fused.interval
         if self.fused.total and low <= self.commonest_share:
             notes.append(
-                f"the fused model is right on {fused:.1%} [{low:.1%}, {high:.1%}] of test samples, no better "
-                f"than always answering the commonest class ({self.commonest_share:.1%}): check "
-                "`--views`, the labels, and that each class has enough samples"
+                f"the fused model is right on {fused:.1%} [{low:.1%}, {high:.1%}] of test samples, "
+                f"{_no_better(fused, self.commonest_share)} always answering the commonest class "
+                f"({self.commonest_share:.1%}): check `--views`, the labels, and that each class has enough "
+                "samples"
             )
         notes += self._neglected_classes()
         if fused < best - BEST_VIEW_MARGIN:
@@ -123,9 +124,10 @@ class Comparison:
             if rate.total and low <= self.commonest[view]:
                 notes.append(
                     f"`{view}` alone is right on {rate.value:.1%} [{low:.1%}, {high:.1%}] of the test "
-                    f"samples that have it, no better than always answering their commonest class "
-                    f"({self.commonest[view]:.1%}): it may carry nothing its head can use (an identifier, a "
-                    "constant, noise, or too little data); if so, leave it out with `--views`"
+                    f"samples that have it, {_no_better(rate.value, self.commonest[view])} always answering "
+                    f"their commonest class ({self.commonest[view]:.1%}): it may carry nothing its head can "
+                    "use (an identifier, a constant, noise, or too little data); if so, leave it out with "
+                    "`--views`"
                 )
         return notes
 
@@ -181,6 +183,13 @@ class Comparison:
 
 
 _NEGLECTED_SHOWN = 5
+
+
+def _no_better(accuracy: float, commonest: float) -> str:
+    """How an accuracy whose 95% interval reaches the commonest class's share compares with it: "no better
+    than" where it is measured at or below it; above it, the test split cannot tell them apart, and saying
+    "no better" would contradict the figure beside it."""
+    return "no better than" if accuracy <= commonest else "not clearly better than"
 
 
 def compare(

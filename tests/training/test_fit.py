@@ -858,6 +858,25 @@ def test_a_model_answering_the_commonest_class_is_warned_about():
     )
 
 
+def test_a_rate_measured_above_the_commonest_class_is_not_called_no_better_than_it():
+    """A 60-sample probe (two-moons coordinates as views, 12 test samples, 6 per class): the x-coordinate
+    alone was right on 9 of 12, and the warning said "75.0% [42.8%, 94.5%] ..., no better than always
+    answering their commonest class (50.0%)", contradicting the figure beside it. An interval reaching the
+    commonest share says the test split cannot tell them apart, not that the view is no better; a rate at
+    or below it is still called no better."""
+    from training.metrics import Rate
+
+    views = {"horizontal": Rate(9, 12), "noise": Rate(5, 12), "vertical": Rate(11, 12)}
+    notes = _comparison((12, 12), {"0": (6, 6), "1": (6, 6)}, views=views).warnings()
+    [above] = [note for note in notes if "`horizontal` alone" in note]
+    assert "75.0% [42.8%, 94.5%] of the test samples that have it, not clearly better than always" in above
+    assert "no better" not in above
+    [below] = [note for note in notes if "`noise` alone" in note]
+    assert "no better than always answering their commonest class (50.0%)" in below
+    [fused] = _comparison((7, 12), {"0": (4, 6), "1": (3, 6)}).warnings()[:1]
+    assert "right on 58.3% [27.7%, 84.8%] of test samples, not clearly better than always answering" in fused
+
+
 def test_classes_got_wrong_though_as_common_as_the_others_are_not_blamed_on_their_share():
     """A probe's 100 classes of 100 samples each: the warning said the model 'favours the commonest
     classes' of classes no rarer than the rest. It says they are harder to tell apart instead."""
