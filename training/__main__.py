@@ -258,7 +258,7 @@ def _summary(out: Path, manifest, report) -> str:
         f"samples (best view alone {alone:.3f}, {best}; all-views logistic regression {plain:.3f}), "
         f"{m.acc_conflict:.3f} conflictive, {m.acc_all_samples:.3f} over every sample, training ones too; "
         f"AUROC {m.auc:.3f}; "
-        f"flag on {flag.score} >= {flag.threshold:.4f} (test: {_with_interval(clean)} clean, "
+        f"flag on {flag.score} >= {flag.threshold:.4g} (test: {_with_interval(clean)} clean, "
         f"{_with_interval(conflictive)} conflictive, of {_counts(clean.total, conflictive.total)}); "
         f"calibrated on {fitted_on.samples} "
         + ("validation samples" if fitted_on.kind == "validation" else f"samples, {fitted_on.kind}")

@@ -202,7 +202,7 @@ def conflict_detection(report: FitReport, manifest: Manifest) -> Section:
         "A conflictive copy of a test sample has one view replaced by that view of a sample of the next "
         "class (the paper's protocol). Fused uncertainty separates conflictive from clean test samples "
         f"with **AUROC {metrics.auc:.3f}** (0.5: not at all; 1: perfectly).\n\n"
-        f"The `high_conflict` flag raises when `{flag.score}` >= {flag.threshold:.4f}: the threshold that "
+        f"The `high_conflict` flag raises when `{flag.score}` >= {flag.threshold:.4g}: the threshold that "
         f"flags {_percent(flag.target_false_positive_rate)} of the clean samples, on the score that flags "
         f"more conflictive ones there (AUROC {separation}), on {_samples(fitted_on)}. The test split "
         "measures the rates on new samples:\n\n"

@@ -792,6 +792,34 @@ def _post_hoc():
     )
 
 
+def test_a_tiny_flag_threshold_is_shown_as_it_is_not_as_zero():
+    """A probe with a view constant but for 3 of 300 samples: its head gave no evidence, the fused
+    conflict stayed near 0, and the flag's threshold, 2.47e-05, was shown as "`max_conflict` >= 0.0000",
+    which reads as raising on every sample, beside a clean test rate of 0.0%."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from training.card import conflict_detection
+
+    post_hoc = replace(
+        _post_hoc(),
+        threshold=2.4716e-05,
+        separation={"max_conflict": 0.5},
+        fitted=_Scored(np.zeros(200)),
+        fitted_on=CalibrationSamples(kind="validation", samples=200),
+    )
+    flag = SimpleNamespace(
+        score="max_conflict",
+        threshold=post_hoc.threshold,
+        target_false_positive_rate=0.05,
+        validation_auroc=post_hoc.separation,
+    )
+    manifest = SimpleNamespace(conflict_flag=flag, metrics=SimpleNamespace(auc=0.5))
+    report = SimpleNamespace(post_hoc=post_hoc, test=_Scored(np.zeros(60)))
+    text = conflict_detection(report, manifest).text
+    assert "`max_conflict` >= 2.472e-05" in text and ">= 0.0000" not in text
+
+
 @pytest.mark.parametrize(
     ("raised", "warned"),
     [(0, True), (3, True), (6, False), (10, False), (20, False), (45, True), (100, True)],
