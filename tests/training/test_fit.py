@@ -905,6 +905,33 @@ def test_a_rate_measured_above_the_commonest_class_is_not_called_no_better_than_
     assert "right on 58.3% [27.7%, 84.8%] of test samples, not clearly better than always answering" in fused
 
 
+def test_a_view_the_test_split_cannot_judge_is_not_told_to_be_left_out():
+    """A probe's 280 samples, 14 of the rare class: 55 test samples, 2 rare. The `camera` head alone was
+    right on all 55, above the fused model (96.4%), and was told it "may carry nothing its head can use
+    ...; if so, leave it out": on 55 samples 96.4% of one class, even a perfect head's interval [93.5,
+    100] reaches 96.4%. Such views get one note saying the split cannot judge them; a view the split
+    could have shown better, and did not, is still told what it is told."""
+    from training.baseline import Baseline, Comparison
+    from training.metrics import Rate
+
+    comparison = Comparison(
+        fused=Rate(53, 55),
+        views={"camera": Rate(55, 55), "radar": Rate(41, 43), "noise": Rate(60, 100)},
+        baseline=Baseline(accuracy=Rate(54, 55), regularisation=1.0, training_rows=198),
+        commonest={"camera": 53 / 55, "radar": 41 / 43, "noise": 0.6},
+        classes={"defect": Rate(0, 2), "normal": Rate(53, 53)},
+    )
+    notes = comparison.warnings()
+    assert not [note for note in notes if "`camera` alone is right on" in note or "`radar` alone" in note]
+    [unjudged] = [note for note in notes if note.startswith("the test split cannot tell")]
+    named = "cannot tell `camera` (100.0% of 55), `radar` (95.3% of 43) alone from always answering"
+    assert named in unjudged
+    assert "leave it out" not in unjudged
+    [noise] = [note for note in notes if "`noise` alone is right on 60.0%" in note]
+    assert "no better than always answering their commonest class (60.0%)" in noise
+    assert "leave it out" in noise
+
+
 def test_classes_got_wrong_though_as_common_as_the_others_are_not_blamed_on_their_share():
     """A probe's 100 classes of 100 samples each: the warning said the model 'favours the commonest
     classes' of classes no rarer than the rest. It says they are harder to tell apart instead."""
