@@ -103,9 +103,10 @@ class Comparison:
         low, high = self.fused.interval
         if self.fused.total and low <= self.commonest_share:
             notes.append(
-                f"the fused model is right on {fused:.1%} [{low:.1%}, {high:.1%}] of test samples, no better "
-                f"than always answering the commonest class ({self.commonest_share:.1%}): check "
-                "`--views`, the labels, and that each class has enough samples"
+                f"the fused model is right on {fused:.1%} [{low:.1%}, {high:.1%}] of test samples, "
+                f"{_no_better(fused, self.commonest_share)} always answering the commonest class "
+                f"({self.commonest_share:.1%}): check `--views`, the labels, and that each class has enough "
+                "samples"
             )
         notes += self._neglected_classes()
         if fused < best - BEST_VIEW_MARGIN:
@@ -118,15 +119,35 @@ class Comparison:
         plain = self.baseline.accuracy.value
         if fused < plain - BASELINE_MARGIN:
             notes.append(self._below_baseline(fused, plain))
+        return notes + self._views_like_the_commonest_class()
+
+    def _views_like_the_commonest_class(self) -> list[str]:
+        """The views whose head alone is not shown better than always answering the commonest class of the
+        test samples that have it. Where even a head right on every one of them would not be (few samples,
+        nearly all of one class: a probe's 55, 96.4% of one), the comparison says nothing of the view: one
+        note says so, rather than one per view suggesting to leave it out (that probe's best view, right on
+        all 55 and on both of the rare class, was told it may carry nothing)."""
+        notes, unjudged = [], []
         for view, rate in self.views.items():
             low, high = rate.interval
-            if rate.total and low <= self.commonest[view]:
-                notes.append(
-                    f"`{view}` alone is right on {rate.value:.1%} [{low:.1%}, {high:.1%}] of the test "
-                    f"samples that have it, no better than always answering their commonest class "
-                    f"({self.commonest[view]:.1%}): it may carry nothing its head can use (an identifier, a "
-                    "constant, noise, or too little data); if so, leave it out with `--views`"
-                )
+            if not rate.total or low > self.commonest[view]:
+                continue
+            if Rate(rate.total, rate.total).interval[0] <= self.commonest[view]:
+                unjudged.append(f"`{view}` ({rate.value:.1%} of {rate.total})")
+                continue
+            notes.append(
+                f"`{view}` alone is right on {rate.value:.1%} [{low:.1%}, {high:.1%}] of the test samples "
+                f"that have it, {_no_better(rate.value, self.commonest[view])} always answering their "
+                f"commonest class ({self.commonest[view]:.1%}): it may carry nothing its head can use (an "
+                "identifier, a constant, noise, or too little data); if so, leave it out with `--views`"
+            )
+        if unjudged:
+            notes.append(
+                f"the test split cannot tell {', '.join(unjudged)} alone from always answering the commonest "
+                "class: so few of its samples are of the other classes that even a head right on every one "
+                "would not be shown better (the 95% interval of its accuracy would reach that class's "
+                "share); judge the views on more data"
+            )
         return notes
 
     def _below_baseline(self, fused: float, plain: float) -> str:
@@ -181,6 +202,13 @@ class Comparison:
 
 
 _NEGLECTED_SHOWN = 5
+
+
+def _no_better(accuracy: float, commonest: float) -> str:
+    """How an accuracy whose 95% interval reaches the commonest class's share compares with it: "no better
+    than" where it is measured at or below it; above it, the test split cannot tell them apart, and saying
+    "no better" would contradict the figure beside it."""
+    return "no better than" if accuracy <= commonest else "not clearly better than"
 
 
 def compare(

@@ -202,7 +202,7 @@ def conflict_detection(report: FitReport, manifest: Manifest) -> Section:
         "A conflictive copy of a test sample has one view replaced by that view of a sample of the next "
         "class (the paper's protocol). Fused uncertainty separates conflictive from clean test samples "
         f"with **AUROC {metrics.auc:.3f}** (0.5: not at all; 1: perfectly).\n\n"
-        f"The `high_conflict` flag raises when `{flag.score}` >= {flag.threshold:.4f}: the threshold that "
+        f"The `high_conflict` flag raises when `{flag.score}` >= {flag.threshold:.4g}: the threshold that "
         f"flags {_percent(flag.target_false_positive_rate)} of the clean samples, on the score that flags "
         f"more conflictive ones there (AUROC {separation}), on {_samples(fitted_on)}. The test split "
         "measures the rates on new samples:\n\n"
@@ -540,9 +540,14 @@ def _guarantee(fitted_on: CalibrationSamples) -> str:
             "Split conformal: for samples like the clean ones, a set holds the true class with probability "
             "at least the coverage asked for."
         )
+    # CV+'s bound is for sets made with the fold models' own scores of a new sample; the served model is
+    # another one, held to their threshold: measurement backs it, not the theory (training/crossfit.py).
     return (
-        "Cross-conformal (Barber et al. 2021, CV+): for samples like the clean ones, theory guarantees a "
-        "coverage of at least 1 - 2 (1 - c) for a level c (0.8 for 0.9), and in practice it is close to c."
+        "Cross-conformal (Barber et al. 2021, CV+): for samples like the clean ones, theory guarantees the "
+        f"{fitted_on.folds} fold models' own sets a coverage of at least 1 - 2 (1 - c) for a level c (0.8 "
+        "for 0.9), and in practice they cover close to c; the served model is held to their threshold "
+        "without a guarantee of its own, trained like them on other samples: its coverage on the test "
+        "split, below, is what backs it."
     )
 
 

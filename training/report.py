@@ -114,13 +114,18 @@ class FitReport:
         ]
 
     def _copies(self) -> list[str]:
-        """Test samples that are copies of samples the model was fitted on: figures that flatter it."""
+        """Test samples that are copies of samples the model was fitted on: figures that flatter it where a
+        sample was recorded twice. Where features take few values (categories, counts), distinct samples
+        share them by chance, and the test figures are as sound as on any random split: the features alone
+        cannot tell which, so the warning gives both readings."""
         copies, total = copies_in_test(self.sets), len(self.sets.test)
         if not copies:
             return []
         return [
-            f"{copies} of the {total} test samples are exact copies of training or validation samples: every "
-            "test figure here is optimistic; drop duplicate samples before fitting"
+            f"{copies} of the {total} test samples are exact copies of training or validation samples: where "
+            "they are one sample recorded twice, every test figure here is optimistic, so drop duplicate "
+            "samples before fitting; where distinct samples can share all their features (categories, "
+            "counts, coarse rounding), such copies are expected and the figures hold"
         ]
 
     def training(self) -> dict[str, object]:
