@@ -5,13 +5,17 @@ or on the event loop for a small batch (:meth:`service.dataplane.DataPlane.predi
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from fusion import fuse, opinion_from_evidence
 from service import metrics
-from service.errors import InvalidInput
+from service.errors import InvalidInput, ModelFault
 from service.inference import InferenceRequest, Result
 from service.repository import LoadedModel
+
+log = logging.getLogger("dbf.runtime")
 
 
 def predict(model: LoadedModel, request: InferenceRequest) -> Result:
@@ -33,6 +37,16 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
     if not finite.all():  # features in float32's range can still overflow a head (inf - inf in its matmul)
         i, v = map(int, np.argwhere(~finite)[0])
         raise InvalidInput("features too large for the model (its evidence overflows)", sample=i, view=v)
+    if (evidence < 0).any():
+        # No working head gives it (its last step is an exp or a softplus), and the load's probe sees zeros
+        # only: fused, it made beliefs below 0 and an uncertainty above 1, answered 200 as if right.
+        i, v, _ = map(int, np.argwhere(evidence < 0)[0])
+        fault = (
+            f"model {manifest.name!r} is broken: the head of view {manifest.views[v].name!r} gives negative "
+            f"evidence ({evidence[i, v].min():g} for sample {i}); a head's evidence is never negative"
+        )
+        log.error("%s", fault)
+        raise ModelFault(f"{fault}; the service's operator must replace the model")
     # A view far outside its training range is fused as if missing: its head's certainty there means nothing.
     out_of_range = ~(excess <= manifest.out_of_range.threshold)  # NaN is out of range too
     present = request.present

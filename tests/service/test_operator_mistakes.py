@@ -218,6 +218,32 @@ def test_a_head_that_misbehaves_on_a_probe_batch_stops_the_service(tmp_path, cas
     assert f"{file}: {message}" in done.stderr, done.stderr[-2000:]
 
 
+def test_a_head_giving_negative_evidence_for_some_features_is_no_answer(tmp_path):
+    """A head whose evidence goes negative for features other than the probe's zeros (here features times
+    0.01 and no activation) loads; its negative evidence was fused into beliefs below 0 and an uncertainty
+    of 1.06, answered 200. Now such a request is a 500 naming the model and the view, in every protocol,
+    and the other views serve on."""
+    shutil.copytree(MODELS / "handwritten", tmp_path / "handwritten")
+    with_head(tmp_path / "handwritten", "mor", head(6, 10))
+    negative = {"samples": [{"views": {"mor": [-1.0] * 6}}]}
+    with running_service("--model-dir", str(tmp_path / "handwritten")) as url:
+        for path, body in (
+            ("/predict", negative),
+            ("/v2/models/handwritten/infer", {"inputs": [v2_tensor("mor", [-1.0] * 6)]}),
+        ):
+            refused = httpx.post(url + path, json=body)
+            assert refused.status_code == 500, refused.text
+            assert "model 'handwritten' is broken: the head of view 'mor' gives negative evidence" in (
+                refused.text
+            )
+        assert httpx.post(url + "/predict", json={"samples": [{"views": {"mor": [1.0] * 6}}]}).status_code == 200
+        assert httpx.post(url + "/predict", json=BODY).status_code == 200
+
+
+def v2_tensor(name: str, values: list[float]) -> dict:
+    return {"name": name, "shape": [1, len(values)], "datatype": "FP32", "data": values}
+
+
 def test_a_head_with_its_tensors_in_another_file_stops_the_service(tmp_path):
     """ONNX external data was read from the service's working directory, where no checksum covers it: the
     attack probe swapped that file and the answers changed with every checksum still matching."""
