@@ -647,6 +647,10 @@ def _check_probe(
         raise ModelLoadError(
             f"{file}: gives evidence of shape {evidence.shape} for 2 samples; manifest says (2, {classes})"
         )
+    with np.errstate(over="ignore"):
+        # As the runtime fuses it: float64 evidence of 1e300 passed here, then overflowed every request (400,
+        # blaming the request's features).
+        evidence = evidence.astype(np.float32)
     if not np.isfinite(evidence).all() or (evidence < 0).any():
         raise ModelLoadError(
             f"{file}: gives negative or non-finite evidence for features of zeros (an absent view's): "

@@ -124,6 +124,27 @@ def string_head(dim: int, classes: int = 10) -> bytes:
     return model.SerializeToString()
 
 
+def float64_head(dim: int, classes: int = 10, *, evidence: float = 1e300) -> bytes:
+    """A head whose evidence is float64 (declared so), ``evidence`` for every class whatever the features."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["features", "w"], ["z"]),
+            helper.make_node("Cast", ["z"], ["wide"], to=TensorProto.DOUBLE),
+            helper.make_node("Add", ["wide", "b"], ["evidence"]),
+        ],
+        "head",
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["N", dim])],
+        [helper.make_tensor_value_info("evidence", TensorProto.DOUBLE, ["N", classes])],
+        initializer=[
+            helper.make_tensor("w", TensorProto.FLOAT, [dim, classes], [0.0] * (dim * classes)),
+            helper.make_tensor("b", TensorProto.DOUBLE, [classes], [evidence] * classes),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
 def onnx_head(nodes: list, initializers: list, *, dim: int, classes: int, more: list = ()) -> bytes:
     """A head's ONNX file: ``nodes`` from 'features' (N, ``dim``) to 'evidence' declared (N, ``classes``),
     and the ``more`` outputs after it."""
@@ -189,6 +210,12 @@ BAD_HEADS = {  # the HandWritten view 'mor' (dim 6, 10 classes)
     # Before, a TypeError: the start's traceback named no file, a reload answered 500, and the watcher
     # (DBF_RELOAD_POLL_SECONDS) stopped for good.
     "evidence of strings": (string_head(6), "gives evidence of type object; a head's is numbers"),
+    # Before, it loaded, and every request sending the view was refused (400, "features too large for the
+    # model"), zeros as well: the runtime fuses float32, where 1e300 is infinite.
+    "float64 evidence beyond float32": (
+        float64_head(6),
+        "gives negative or non-finite evidence for features of zeros (an absent view's): [inf, inf",
+    ),
     "negative range excess": (
         any_dim_head(6, excess=-1.0),
         "gives range_excess of shape (2,) for 2 samples of zeros, starting [-1.0, -1.0]; a head's is one "
