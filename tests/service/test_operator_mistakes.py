@@ -337,6 +337,22 @@ def test_a_model_copied_under_another_folder_stops_the_service_naming_both(tmp_p
     assert "Traceback" not in done.stderr and "Application startup failed" in done.stderr
 
 
+def test_a_raps_free_rank_past_int64_serves_as_every_rank_free(tmp_path):
+    """RAPS's free_rank beyond the classes frees every rank. One past int64 (10**30, valid JSON and schema)
+    loaded, then every request of the model was a 500 (numpy could not add the object array it made)."""
+    answers = {}
+    for free_rank in (10, 10**30):
+        model = tmp_path / str(free_rank) / "handwritten"
+        shutil.copytree(MODELS / "handwritten", model)
+        score = {"kind": "raps", "penalty": 0.1, "free_rank": free_rank}
+        with_manifest(model, lambda m, score=score: m["calibration"]["conformal"].__setitem__("score", score))
+        with running_service("--model-dir", str(model)) as url:
+            answer = httpx.post(url + "/predict", json=BODY)
+            assert answer.status_code == 200, answer.text
+            answers[free_rank] = answer.json()["predictions"][0]["prediction_set"]
+    assert answers[10**30] == answers[10]
+
+
 def too_wide(model: Path) -> Path:
     with_head(model, "mor", any_dim_head(70_000), dim=70_000)
     return model / "manifest.json"  # the file at fault: it declares the dim
