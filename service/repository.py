@@ -255,13 +255,18 @@ def _read_file(file: Path, what: str, *, limit: int) -> bytes:
         if not stat.S_ISREG(info.st_mode):
             kind = _KINDS.get(stat.S_IFMT(info.st_mode), "a special file")
             raise ModelLoadError(f"{file}: cannot read {what} ({kind}, not a regular file)")
-        too_large = ModelLoadError(f"{file}: {what} of more than {limit:,} bytes, more than any model's")
         if info.st_size > limit:
-            raise too_large
+            raise ModelLoadError(f"{file}: {what} of more than {limit:,} bytes, more than any model's")
         with open(descriptor, "rb", closefd=False) as handle:
-            content = handle.read(limit + 1)  # (a file still growing, or one whose size says 0: /proc's)
-        if len(content) > limit:
-            raise too_large
+            # Its size and one byte more, to see it grow: a read of up to the limit reserved that much memory
+            # first (2 GiB for every head, which strict overcommit or a ulimit -v refuses).
+            content = handle.read(info.st_size + 1)
+        if len(content) != info.st_size:
+            raise ModelLoadError(
+                f"{file}: cannot read {what} (its size says {info.st_size:,} bytes, the read gave "
+                f"{'more' if len(content) > info.st_size else f'{len(content):,}'}: changed while read, or "
+                "not a file on disk)"
+            )
         return content
     except OSError as error:
         raise ModelLoadError(f"{file}: cannot read {what} ({error.strerror})") from error

@@ -138,3 +138,26 @@ def test_a_head_larger_than_any_onnx_model_fails_the_reload_unread(tmp_path):
         assert took < 2, f"the reload took {took:.1f} s"
         assert models(url) == ["handwritten"]
         assert httpx.post(url + "/predict", json=BODY).status_code == 200
+
+
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="no prlimit to limit the address space")
+def test_reading_a_head_reserves_no_more_memory_than_it_holds(tmp_path):
+    """Read with a read of up to the 2 GiB limit, each head reserved that much address space first: under a
+    limit of 1.5 GB (ulimit -v; strict overcommit refuses alike) the start failed, MemoryError. Each file is
+    read by its size."""
+    limited = ("prlimit", "--as=1500000000", "--")
+    with service_process("--model-dir", str(MODELS / "pie"), env={"DBF_DEVICE": "cpu"}, under=limited) as (url, _):
+        assert httpx.post(url + "/predict", json=PIE).status_code == 200
+
+
+def test_a_manifest_that_is_no_file_on_disk_is_refused_unechoed(tmp_path):
+    """A manifest linked to /proc/self/environ (its size says 0) was parsed, and the parser's refusal quoted
+    its first bytes, the service's environment, in the log and the 409. Refused now by its size."""
+    shutil.copytree(MODELS / "pie", tmp_path / "pie")
+    manifest = tmp_path / "pie" / "manifest.json"
+    manifest.unlink()
+    manifest.symlink_to("/proc/self/environ")
+    done = start_and_fail("--model-dir", str(tmp_path), env={"AAA_SECRET": "hunter2"})
+    assert done.returncode != 0
+    assert f"{manifest}: cannot read manifest (its size says 0 bytes, the read gave more" in done.stderr, done.stderr
+    assert "hunter2" not in done.stderr and "AAA_SECRET" not in done.stderr
