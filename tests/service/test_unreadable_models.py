@@ -161,3 +161,18 @@ def test_a_manifest_that_is_no_file_on_disk_is_refused_unechoed(tmp_path):
     assert done.returncode != 0
     assert f"{manifest}: cannot read manifest (its size says 0 bytes, the read gave more" in done.stderr, done.stderr
     assert "hunter2" not in done.stderr and "AAA_SECRET" not in done.stderr
+
+
+def test_a_manifest_linked_to_a_secret_is_refused_without_quoting_it(tmp_path):
+    """A manifest linked to a file outside the model folder, here a secret's (an API key), is read: refused,
+    the parser's message quoted the file's bytes (all of a short key) in the log and the 409."""
+    shutil.copytree(MODELS / "pie", tmp_path / "pie")
+    secret = tmp_path / "api-key"
+    secret.write_text("k3y-0f-the-service\n")
+    manifest = tmp_path / "pie" / "manifest.json"
+    manifest.unlink()
+    manifest.symlink_to(secret)
+    done = start_and_fail("--model-dir", str(tmp_path))
+    assert done.returncode != 0
+    assert f"{manifest}: invalid manifest" in done.stderr and "Invalid JSON" in done.stderr, done.stderr
+    assert "k3y" not in done.stderr
