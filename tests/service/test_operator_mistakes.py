@@ -263,7 +263,8 @@ def test_a_head_giving_negative_evidence_for_some_features_is_no_answer(tmp_path
             assert "model 'handwritten' is broken: the head of view 'mor' gives negative evidence" in (
                 refused.text
             )
-        assert httpx.post(url + "/predict", json={"samples": [{"views": {"mor": [1.0] * 6}}]}).status_code == 200
+        positive = {"samples": [{"views": {"mor": [1.0] * 6}}]}
+        assert httpx.post(url + "/predict", json=positive).status_code == 200
         assert httpx.post(url + "/predict", json=BODY).status_code == 200
 
 

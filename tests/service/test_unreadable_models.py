@@ -145,8 +145,8 @@ def test_reading_a_head_reserves_no_more_memory_than_it_holds(tmp_path):
     """Read with a read of up to the 2 GiB limit, each head reserved that much address space first: under a
     limit of 1.5 GB (ulimit -v; strict overcommit refuses alike) the start failed, MemoryError. Each file is
     read by its size."""
-    limited = ("prlimit", "--as=1500000000", "--")
-    with service_process("--model-dir", str(MODELS / "pie"), env={"DBF_DEVICE": "cpu"}, under=limited) as (url, _):
+    limited, cpu = ("prlimit", "--as=1500000000", "--"), {"DBF_DEVICE": "cpu"}
+    with service_process("--model-dir", str(MODELS / "pie"), env=cpu, under=limited) as (url, _):
         assert httpx.post(url + "/predict", json=PIE).status_code == 200
 
 
@@ -159,7 +159,8 @@ def test_a_manifest_that_is_no_file_on_disk_is_refused_unechoed(tmp_path):
     manifest.symlink_to("/proc/self/environ")
     done = start_and_fail("--model-dir", str(tmp_path), env={"AAA_SECRET": "hunter2"})
     assert done.returncode != 0
-    assert f"{manifest}: cannot read manifest (its size says 0 bytes, the read gave more" in done.stderr, done.stderr
+    refusal = f"{manifest}: cannot read manifest (its size says 0 bytes, the read gave more"
+    assert refusal in done.stderr, done.stderr
     assert "hunter2" not in done.stderr and "AAA_SECRET" not in done.stderr
 
 
