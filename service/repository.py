@@ -125,7 +125,8 @@ def repository_fingerprint(model_dir: Path) -> tuple:
     A symlink counts by where it points and by what it points to (its target's inode, size and time), so
     that adding a symlinked model, swapping a link atomically (``ln -sfn v2 tmp && mv -T tmp current``, of
     a model or of ``model_dir`` itself) and editing a file behind a link are all seen. Two levels deep and
-    each folder once: a symlink loop ends there. Hidden entries are not read (:func:`find_manifests`).
+    each folder once: a symlink loop ends there. Hidden entries are not read (:func:`find_manifests`), nor
+    the files of a folder without a ``manifest.json``, which the loader does not read either.
     """
     fingerprint: list[tuple] = [("", os.path.realpath(model_dir))]
     folders_seen: set[tuple[int, int]] = set()
@@ -139,6 +140,10 @@ def repository_fingerprint(model_dir: Path) -> tuple:
         if (info.st_dev, info.st_ino) in folders_seen:
             return
         folders_seen.add((info.st_dev, info.st_ino))
+        if depth < 2 and not any(entry.name == "manifest.json" for entry in entries):
+            # No model: its files' changes are none of the loader's. Counted, a folder linked to /proc (or
+            # one of logs) reloaded every model at every poll.
+            return
         for entry in entries:
             if entry.name.startswith("."):
                 continue
@@ -147,18 +152,13 @@ def repository_fingerprint(model_dir: Path) -> tuple:
                 link = os.readlink(entry.path) if entry.is_symlink() else None
             except OSError:  # a broken link, or gone
                 continue
-            fingerprint.append(
-                (
-                    entry.path,
-                    link,
-                    stat.S_IFMT(info.st_mode),
-                    info.st_dev,
-                    info.st_ino,
-                    info.st_mtime_ns,
-                    info.st_size,
-                )
-            )
-            if depth > 1 and stat.S_ISDIR(info.st_mode):
+            folder_entry = stat.S_ISDIR(info.st_mode)
+            # A folder by what it is, not by its time or size: those change with its entries, which are
+            # looked at where they count (a model's files), and which are none of the loader's elsewhere.
+            changes = (None, None) if folder_entry else (info.st_mtime_ns, info.st_size)
+            kind = stat.S_IFMT(info.st_mode)
+            fingerprint.append((entry.path, link, kind, info.st_dev, info.st_ino, *changes))
+            if depth > 1 and folder_entry:
                 look(Path(entry.path), depth - 1)
 
     look(model_dir, 2)

@@ -139,6 +139,28 @@ def test_the_watcher_reloads_changes_and_keeps_serving_through_bad_ones(tmp_path
         assert httpx.post(url + "/predict", json=BODY).status_code == 200
 
 
+def test_the_watcher_reloads_nothing_for_a_folder_that_holds_no_model(tmp_path):
+    """A folder beside the models whose files change (one of logs, or a link to /proc, where every poll
+    sees new times) changes nothing the loader reads: each poll reloaded every model all the same (11
+    reloads in 6 s at a poll of 0.5 s). A model renamed in beside it is still loaded."""
+    root = repository(tmp_path, "handwritten")
+    (root / "logs").mkdir()
+    (root / "proc").symlink_to("/proc")
+    with serving(root, reload_poll_seconds=0.1) as url:
+        reloads = metric(url, "dbf_model_reloads_total", outcome="success")
+        for line in range(20):
+            with (root / "logs" / "service.log").open("a") as log:
+                log.write(f"line {line}\n")
+            time.sleep(0.05)
+        assert metric(url, "dbf_model_reloads_total", outcome="success") == reloads
+        shutil.copytree(MODELS / "pie", tmp_path / "staging")
+        (tmp_path / "staging").rename(root / "pie")
+        deadline = time.monotonic() + 30
+        while models(url) != ["handwritten", "pie"]:
+            assert time.monotonic() < deadline, "the watcher did not load the new model"
+            time.sleep(0.1)
+
+
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_a_removed_model_is_no_longer_reported_by_any_worker(tmp_path, workers):
     """dbf_model_info and dbf_flag_clean_rate after a reload: a model taken away has no series, or, across
