@@ -666,6 +666,14 @@ def _check_probe(
             f"{file}: gives negative or non-finite evidence for features of zeros (an absent view's): "
             f"{evidence[0, :8].tolist()}{' ...' if classes > 8 else ''}"
         )
+    with np.errstate(over="ignore"):
+        totals = evidence.sum(-1)
+    if not np.isfinite(totals).all():
+        # Fused, a strength of inf: beliefs, uncertainty and probabilities of 0 for every request.
+        raise ModelLoadError(
+            f"{file}: gives evidence for features of zeros whose sum is past float32's range: "
+            f"{evidence[0, :8].tolist()}{' ...' if classes > 8 else ''}"
+        )
     if excess and (excess[0].shape != (2,) or not (excess[0] >= 0).all()):
         raise ModelLoadError(
             f"{file}: gives {RANGE_EXCESS} of shape {excess[0].shape} for 2 samples of zeros, starting "

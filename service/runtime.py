@@ -33,7 +33,10 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
             evidence[rows, v], *checked = heads[view.name].run(request.features[view.name])
             if checked:
                 excess[rows, v] = checked[0]
-    finite = np.isfinite(evidence).all(-1)
+    with np.errstate(over="ignore"):
+        # Each view's total too: finite evidence summing past float32's range made a Dirichlet strength of
+        # inf, so beliefs, uncertainty and probabilities of 0, answered 200.
+        finite = np.isfinite(evidence.sum(-1))
     if not finite.all():  # features in float32's range can still overflow a head (inf - inf in its matmul)
         i, v = map(int, np.argwhere(~finite)[0])
         raise InvalidInput("features too large for the model (its evidence overflows)", sample=i, view=v)

@@ -216,6 +216,12 @@ BAD_HEADS = {  # the HandWritten view 'mor' (dim 6, 10 classes)
         float64_head(6),
         "gives negative or non-finite evidence for features of zeros (an absent view's): [inf, inf",
     ),
+    # Before, it loaded, and every answer had beliefs, uncertainty and probabilities of 0 (a strength of
+    # inf): 10 classes of 3e38, finite each, sum past float32's range.
+    "evidence summing past float32": (
+        head(6, 10, bias=3e38),
+        "gives evidence for features of zeros whose sum is past float32's range: [3.0000000054977558e+38",
+    ),
     "negative range excess": (
         any_dim_head(6, excess=-1.0),
         "gives range_excess of shape (2,) for 2 samples of zeros, starting [-1.0, -1.0]; a head's is one "
@@ -266,6 +272,30 @@ def test_a_head_giving_negative_evidence_for_some_features_is_no_answer(tmp_path
         positive = {"samples": [{"views": {"mor": [1.0] * 6}}]}
         assert httpx.post(url + "/predict", json=positive).status_code == 200
         assert httpx.post(url + "/predict", json=BODY).status_code == 200
+
+
+def test_features_whose_evidence_sums_past_float32_are_refused_not_answered_as_zeros(tmp_path):
+    """Evidence finite in every class can still sum past float32's range (a head without a cap on its
+    evidence, features far out): fused, the Dirichlet strength was inf, and the answer (200) had beliefs,
+    uncertainty and probabilities of 0. Such features are refused as an evidence overflow is."""
+    shutil.copytree(MODELS / "handwritten", tmp_path / "handwritten")
+    with_head(tmp_path / "handwritten", "mor", linear_head(6, 10, weight=1e37))
+    with running_service("--model-dir", str(tmp_path / "handwritten")) as url:
+        refused = httpx.post(url + "/predict", json={"samples": [{"views": {"mor": [5.0] * 6}}]})
+        assert refused.status_code == 400, refused.text
+        message = refused.json()["error"]["message"]
+        assert message == "samples[0].views.mor: features too large for the model (its evidence overflows)"
+        answer = httpx.post(url + "/predict", json={"samples": [{"views": {"mor": [0.1] * 6}}]})
+        assert answer.status_code == 200
+        assert sum(answer.json()["predictions"][0]["probability"]) == pytest.approx(1, abs=1e-5)
+
+
+def linear_head(dim: int, classes: int, *, weight: float) -> bytes:
+    """A head whose evidence is the features times ``weight``, summed, in every class (no activation)."""
+    weights = helper.make_tensor("w", TensorProto.FLOAT, [dim, classes], [weight] * (dim * classes))
+    return onnx_head(
+        [helper.make_node("MatMul", ["features", "w"], ["evidence"])], [weights], dim=dim, classes=classes
+    )
 
 
 def v2_tensor(name: str, values: list[float]) -> dict:
