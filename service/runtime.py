@@ -30,7 +30,16 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
     for v, view in enumerate(manifest.views):
         rows = slice(None) if complete else request.present[:, v]  # the view's features are those rows' only
         if complete or rows.any():
-            evidence[rows, v], *checked = heads[view.name].run(request.features[view.name])
+            features = request.features[view.name]
+            given, *checked = heads[view.name].run(features)
+            if given.shape != (len(features), k) or (checked and checked[0].shape != (len(features),)):
+                # Assigned, a single row was broadcast to every sample of the batch, other requests' too:
+                # the probe, with its batch of 2, sees no head that gives one row for other batch sizes.
+                shapes = " and ".join(str(output.shape) for output in (given, *checked))
+                raise _model_fault(
+                    manifest.name, view.name, f"gives outputs of shape {shapes} for {len(features)} samples"
+                )
+            evidence[rows, v] = given
             if checked:
                 excess[rows, v] = checked[0]
     with np.errstate(over="ignore"):
@@ -44,12 +53,12 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
         # No working head gives it (its last step is an exp or a softplus), and the load's probe sees zeros
         # only: fused, it made beliefs below 0 and an uncertainty above 1, answered 200 as if right.
         i, v, _ = map(int, np.argwhere(evidence < 0)[0])
-        fault = (
-            f"model {manifest.name!r} is broken: the head of view {manifest.views[v].name!r} gives negative "
-            f"evidence ({evidence[i, v].min():g} for sample {i}); a head's evidence is never negative"
+        raise _model_fault(
+            manifest.name,
+            manifest.views[v].name,
+            f"gives negative evidence ({evidence[i, v].min():g} for sample {i}); a head's evidence is never "
+            "negative",
         )
-        log.error("%s", fault)
-        raise ModelFault(f"{fault}; the service's operator must replace the model")
     # A view far outside its training range is fused as if missing: its head's certainty there means nothing.
     out_of_range = ~(excess <= manifest.out_of_range.threshold)  # NaN is out of range too
     present = request.present
@@ -106,6 +115,14 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
         lam=request.lam,
         coverage=coverage,
     )
+
+
+def _model_fault(model: str, view: str, what: str) -> ModelFault:
+    """The refusal of a request that ``view``'s head of ``model`` answered as no working head does, logged:
+    the operator's to see, and no fault of the request's."""
+    fault = f"model {model!r} is broken: the head of view {view!r} {what}"
+    log.error("%s", fault)
+    return ModelFault(f"{fault}; the service's operator must replace the model")
 
 
 def _blamed_views(

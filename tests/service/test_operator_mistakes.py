@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from tests.service.conftest import running_service, start_and_fail
@@ -288,6 +289,52 @@ def test_features_whose_evidence_sums_past_float32_are_refused_not_answered_as_z
         answer = httpx.post(url + "/predict", json={"samples": [{"views": {"mor": [0.1] * 6}}]})
         assert answer.status_code == 200
         assert sum(answer.json()["predictions"][0]["probability"]) == pytest.approx(1, abs=1e-5)
+
+
+def test_a_head_giving_one_row_for_a_batch_is_no_answer_for_any_of_its_samples(tmp_path):
+    """A head that answers a batch of 2 in full (the probe's) but gives one row for other sizes: assigned to
+    the batch's evidence, the row was broadcast, and every sample (other requests' too, batched together)
+    got the first one's answer, 200. Now the batch is refused naming the model and the view (500); a single
+    sample, whose one row is its own, is answered."""
+    shutil.copytree(MODELS / "handwritten", tmp_path / "handwritten")
+    with_head(tmp_path / "handwritten", "mor", one_row_head(6))
+    samples = [{"views": {"mor": [value] * 6}} for value in (1.0, 0.0, 0.0)]
+    with running_service("--model-dir", str(tmp_path / "handwritten")) as url:
+        refused = httpx.post(url + "/predict", json={"samples": samples})
+        assert refused.status_code == 500, refused.text
+        message = refused.json()["error"]["message"]
+        assert (
+            "model 'handwritten' is broken: the head of view 'mor' gives outputs of shape (1, 10)" in message
+        )
+        assert "for 3 samples" in message
+        alone = httpx.post(url + "/predict", json={"samples": samples[1:2]})
+        assert alone.status_code == 200 and alone.json()["predictions"][0]["uncertainty"] > 0.9
+
+
+def one_row_head(dim: int, classes: int = 10) -> bytes:
+    """A head whose evidence (the features' sum times 5 in class 3, plus 0.1) has every row for a batch of 2
+    and only the first row for any other batch."""
+    weights = np.zeros((dim, classes), np.float32)
+    weights[:, 3] = 5.0
+    constants = [
+        numpy_helper.from_array(weights, "w"),
+        numpy_helper.from_array(np.full(classes, 0.1, np.float32), "b"),
+        numpy_helper.from_array(np.array([0], np.int64), "zero"),
+        numpy_helper.from_array(np.array([1], np.int64), "one"),
+        numpy_helper.from_array(np.array([2], np.int64), "two"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["features", "w"], ["z"]),
+        helper.make_node("Relu", ["z"], ["positive"]),
+        helper.make_node("Add", ["positive", "b"], ["every_row"]),
+        helper.make_node("Shape", ["features"], ["shape"]),
+        helper.make_node("Slice", ["shape", "zero", "one"], ["rows"]),
+        helper.make_node("Equal", ["rows", "two"], ["two_rows"]),
+        helper.make_node("Cast", ["two_rows"], ["one_more"], to=TensorProto.INT64),
+        helper.make_node("Add", ["one_more", "one"], ["end"]),
+        helper.make_node("Slice", ["every_row", "zero", "end", "zero"], ["evidence"]),
+    ]
+    return onnx_head(nodes, constants, dim=dim, classes=classes)
 
 
 def linear_head(dim: int, classes: int, *, weight: float) -> bytes:
