@@ -619,19 +619,31 @@ def _check_signature(session: onnxruntime.InferenceSession, file: Path, dim: int
 
 
 PROBE_SECONDS = 10.0
-"""The longest a head may take on its probe batch at load (onnxruntime's run is told to terminate then):
-a head answers 2 samples in milliseconds, and one that never returns would hold the start, or a reload,
-for ever."""
+"""The longest a head may take on a probe batch at load (onnxruntime's run is told to terminate then):
+a head answers a few samples in milliseconds, and one that never returns would hold the start, or a
+reload, for ever."""
+PROBE_BATCHES = (2, 1, 3)
+"""The probe's batch sizes: 2, then 1 (the commonest request) and 3. With 2 alone, a head that takes a
+batch of 2 only (declared so, or reshaped inside) loaded, then failed every other request (500), and one
+that gives a single row for other sizes had it broadcast to every sample of the batch (200)."""
 
 
 def _check_probe(
     session: onnxruntime.InferenceSession, file: Path, dim: int, classes: int, outputs: list[str]
 ) -> None:
-    """Run the head on a batch of zeros, as an absent view is sent to it: a graph whose declared shapes
+    """Run the head on batches of zeros, as an absent view is sent to it: a graph whose declared shapes
     say (N, K) but whose real output is narrower (broadcast silently) or wider (an error on every request),
-    that takes no batch of two, that gives negative or non-finite evidence, or a range excess not one
-    non-negative number per sample, is refused here, not served."""
-    probe = np.zeros((2, dim), dtype=np.float32)
+    that takes no batch of one of :data:`PROBE_BATCHES`, that gives negative or non-finite evidence, or a
+    range excess not one non-negative number per sample, is refused here, not served."""
+    for samples in PROBE_BATCHES:
+        _check_probe_batch(session, file, np.zeros((samples, dim), dtype=np.float32), classes, outputs)
+
+
+def _check_probe_batch(
+    session: onnxruntime.InferenceSession, file: Path, probe: np.ndarray, classes: int, outputs: list[str]
+) -> None:
+    n = len(probe)
+    samples = f"{n} sample{'s' if n > 1 else ''}"
     options = onnxruntime.RunOptions()
     options.log_severity_level = 4  # onnxruntime's own error line: the refusal below says it, and which file
     timer = threading.Timer(PROBE_SECONDS, setattr, (options, "terminate", True))
@@ -642,10 +654,10 @@ def _check_probe(
     except Exception as error:  # onnxruntime raises its own exception types
         if options.terminate:
             raise ModelLoadError(
-                f"{file}: a probe batch of 2 samples of zeros did not finish within {PROBE_SECONDS:g} s: a "
+                f"{file}: a probe batch of {samples} of zeros did not finish within {PROBE_SECONDS:g} s: a "
                 "graph that loops, or computes far more than a head does"
             ) from None
-        raise ModelLoadError(f"{file}: fails on a probe batch of 2 samples of zeros: {error}") from error
+        raise ModelLoadError(f"{file}: fails on a probe batch of {samples} of zeros: {error}") from error
     finally:
         timer.cancel()
     if not isinstance(evidence, np.ndarray) or evidence.dtype.kind not in "biuf":
@@ -653,9 +665,9 @@ def _check_probe(
         # reload, and a watcher that stops for good): refused here, naming the file.
         kind = getattr(evidence, "dtype", type(evidence).__name__)
         raise ModelLoadError(f"{file}: gives evidence of type {kind}; a head's is numbers (float32)")
-    if evidence.shape != (2, classes):
+    if evidence.shape != (n, classes):
         raise ModelLoadError(
-            f"{file}: gives evidence of shape {evidence.shape} for 2 samples; manifest says (2, {classes})"
+            f"{file}: gives evidence of shape {evidence.shape} for {samples}; manifest says ({n}, {classes})"
         )
     with np.errstate(over="ignore"):
         # As the runtime fuses it: float64 evidence of 1e300 passed here, then overflowed every request (400,
@@ -674,8 +686,8 @@ def _check_probe(
             f"{file}: gives evidence for features of zeros whose sum is past float32's range: "
             f"{evidence[0, :8].tolist()}{' ...' if classes > 8 else ''}"
         )
-    if excess and (excess[0].shape != (2,) or not (excess[0] >= 0).all()):
+    if excess and (excess[0].shape != (n,) or not (excess[0] >= 0).all()):
         raise ModelLoadError(
-            f"{file}: gives {RANGE_EXCESS} of shape {excess[0].shape} for 2 samples of zeros, starting "
+            f"{file}: gives {RANGE_EXCESS} of shape {excess[0].shape} for {samples} of zeros, starting "
             f"{excess[0].ravel()[:4].tolist()}; a head's is one non-negative number per sample"
         )

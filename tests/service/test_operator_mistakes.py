@@ -146,6 +146,54 @@ def float64_head(dim: int, classes: int = 10, *, evidence: float = 1e300) -> byt
     return model.SerializeToString()
 
 
+def one_row_head(dim: int, classes: int = 10, *, rows_up_to: int) -> bytes:
+    """A head whose evidence (the features' sum times 5 in class 3, plus 0.1) has every row for batches of
+    up to ``rows_up_to`` samples and only the first row for larger ones."""
+    weights = np.zeros((dim, classes), np.float32)
+    weights[:, 3] = 5.0
+    constants = [
+        numpy_helper.from_array(weights, "w"),
+        numpy_helper.from_array(np.full(classes, 0.1, np.float32), "b"),
+        numpy_helper.from_array(np.array([0], np.int64), "zero"),
+        numpy_helper.from_array(np.array([1], np.int64), "one"),
+        numpy_helper.from_array(np.array([rows_up_to], np.int64), "most"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["features", "w"], ["z"]),
+        helper.make_node("Relu", ["z"], ["positive"]),
+        helper.make_node("Add", ["positive", "b"], ["every_row"]),
+        helper.make_node("Shape", ["features"], ["shape"]),
+        helper.make_node("Slice", ["shape", "zero", "one"], ["rows"]),
+        helper.make_node("LessOrEqual", ["rows", "most"], ["few"]),
+        helper.make_node("Cast", ["few"], ["all_of_them"], to=TensorProto.INT64),
+        helper.make_node("Sub", ["rows", "one"], ["the_others"]),
+        helper.make_node("Mul", ["all_of_them", "the_others"], ["more"]),
+        helper.make_node("Add", ["one", "more"], ["end"]),
+        helper.make_node("Slice", ["every_row", "zero", "end", "zero"], ["evidence"]),
+    ]
+    return onnx_head(nodes, constants, dim=dim, classes=classes)
+
+
+def fixed_batch_head(dim: int, classes: int = 10, *, samples: int = 2) -> bytes:
+    """A head declared to take batches of ``samples`` only (evidence: ones)."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["features", "w"], ["z"]),
+            helper.make_node("Add", ["z", "b"], ["evidence"]),
+        ],
+        "head",
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, [samples, dim])],
+        [helper.make_tensor_value_info("evidence", TensorProto.FLOAT, [samples, classes])],
+        initializer=[
+            numpy_helper.from_array(np.zeros((dim, classes), np.float32), "w"),
+            numpy_helper.from_array(np.ones(classes, np.float32), "b"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
 def onnx_head(nodes: list, initializers: list, *, dim: int, classes: int, more: list = ()) -> bytes:
     """A head's ONNX file: ``nodes`` from 'features' (N, ``dim``) to 'evidence' declared (N, ``classes``),
     and the ``more`` outputs after it."""
@@ -223,6 +271,17 @@ BAD_HEADS = {  # the HandWritten view 'mor' (dim 6, 10 classes)
         head(6, 10, bias=3e38),
         "gives evidence for features of zeros whose sum is past float32's range: [3.0000000054977558e+38",
     ),
+    # Before, each loaded (the probe ran a batch of 2 alone): the first answered every request of another
+    # size 500 ("internal error"), the second broadcast its first row to every sample of a batch of 3 or more.
+    "a batch of 2 only": (
+        fixed_batch_head(6),
+        "fails on a probe batch of 1 sample of zeros: [ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Got "
+        "invalid dimensions for input: features",
+    ),
+    "one row for 3 samples": (
+        one_row_head(6, rows_up_to=2),
+        "gives evidence of shape (1, 10) for 3 samples; manifest says (3, 10)",
+    ),
     "negative range excess": (
         any_dim_head(6, excess=-1.0),
         "gives range_excess of shape (2,) for 2 samples of zeros, starting [-1.0, -1.0]; a head's is one "
@@ -292,13 +351,13 @@ def test_features_whose_evidence_sums_past_float32_are_refused_not_answered_as_z
 
 
 def test_a_head_giving_one_row_for_a_batch_is_no_answer_for_any_of_its_samples(tmp_path):
-    """A head that answers a batch of 2 in full (the probe's) but gives one row for other sizes: assigned to
-    the batch's evidence, the row was broadcast, and every sample (other requests' too, batched together)
-    got the first one's answer, 200. Now the batch is refused naming the model and the view (500); a single
+    """A head that answers the probe's batches in full but gives one row for a larger one: assigned to the
+    batch's evidence, the row was broadcast, and every sample (other requests' too, batched together) got
+    the first one's answer, 200. Now the batch is refused naming the model and the view (500); a single
     sample, whose one row is its own, is answered."""
     shutil.copytree(MODELS / "handwritten", tmp_path / "handwritten")
-    with_head(tmp_path / "handwritten", "mor", one_row_head(6))
-    samples = [{"views": {"mor": [value] * 6}} for value in (1.0, 0.0, 0.0)]
+    with_head(tmp_path / "handwritten", "mor", one_row_head(6, rows_up_to=3))
+    samples = [{"views": {"mor": [value] * 6}} for value in (1.0, 0.0, 0.0, 0.0)]
     with running_service("--model-dir", str(tmp_path / "handwritten")) as url:
         refused = httpx.post(url + "/predict", json={"samples": samples})
         assert refused.status_code == 500, refused.text
@@ -306,35 +365,9 @@ def test_a_head_giving_one_row_for_a_batch_is_no_answer_for_any_of_its_samples(t
         assert (
             "model 'handwritten' is broken: the head of view 'mor' gives outputs of shape (1, 10)" in message
         )
-        assert "for 3 samples" in message
+        assert "for 4 samples" in message
         alone = httpx.post(url + "/predict", json={"samples": samples[1:2]})
         assert alone.status_code == 200 and alone.json()["predictions"][0]["uncertainty"] > 0.9
-
-
-def one_row_head(dim: int, classes: int = 10) -> bytes:
-    """A head whose evidence (the features' sum times 5 in class 3, plus 0.1) has every row for a batch of 2
-    and only the first row for any other batch."""
-    weights = np.zeros((dim, classes), np.float32)
-    weights[:, 3] = 5.0
-    constants = [
-        numpy_helper.from_array(weights, "w"),
-        numpy_helper.from_array(np.full(classes, 0.1, np.float32), "b"),
-        numpy_helper.from_array(np.array([0], np.int64), "zero"),
-        numpy_helper.from_array(np.array([1], np.int64), "one"),
-        numpy_helper.from_array(np.array([2], np.int64), "two"),
-    ]
-    nodes = [
-        helper.make_node("MatMul", ["features", "w"], ["z"]),
-        helper.make_node("Relu", ["z"], ["positive"]),
-        helper.make_node("Add", ["positive", "b"], ["every_row"]),
-        helper.make_node("Shape", ["features"], ["shape"]),
-        helper.make_node("Slice", ["shape", "zero", "one"], ["rows"]),
-        helper.make_node("Equal", ["rows", "two"], ["two_rows"]),
-        helper.make_node("Cast", ["two_rows"], ["one_more"], to=TensorProto.INT64),
-        helper.make_node("Add", ["one_more", "one"], ["end"]),
-        helper.make_node("Slice", ["every_row", "zero", "end", "zero"], ["evidence"]),
-    ]
-    return onnx_head(nodes, constants, dim=dim, classes=classes)
 
 
 def linear_head(dim: int, classes: int, *, weight: float) -> bytes:
