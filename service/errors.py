@@ -45,8 +45,9 @@ class ServiceError(Exception):
 
 
 class ModelFault(ServiceError):
-    """The model gave what no working model gives (a head's negative evidence): no fault of the request's,
-    and no bug of the service's; its operator must replace the model."""
+    """The model gave what no working model gives (a head's negative evidence, or another number of rows
+    than it was sent): no fault of the request's, and no bug of the service's; its operator must replace
+    the model."""
 
 
 class InvalidInput(ServiceError):

@@ -34,7 +34,7 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
             given, *checked = heads[view.name].run(features)
             if given.shape != (len(features), k) or (checked and checked[0].shape != (len(features),)):
                 # Assigned, a single row was broadcast to every sample of the batch, other requests' too:
-                # the probe, with its batch of 2, sees no head that gives one row for other batch sizes.
+                # the load's probe, with batches of up to 3, sees no head that does so for larger ones.
                 shapes = " and ".join(str(output.shape) for output in (given, *checked))
                 raise _model_fault(
                     manifest.name, view.name, f"gives outputs of shape {shapes} for {len(features)} samples"
