@@ -128,9 +128,10 @@ class NonconformityScore:
         rows = np.arange(p.shape[0])[:, None]
         by_rank = np.cumsum(p[rows, order], axis=1)  # the APS score of the class at each rank
         if self.kind == "raps":
-            by_rank += self.penalty * np.maximum(
-                0, np.arange(1 - self.free_rank, p.shape[1] + 1 - self.free_rank)
-            )
+            # Ranks beyond K are free as well: the same scores, and ranks within int64's (free_rank 10**30
+            # made an object array that numpy could not add, a 500 for every request of the model).
+            free = min(self.free_rank, p.shape[1])
+            by_rank += self.penalty * np.maximum(0, np.arange(1 - free, p.shape[1] + 1 - free))
         scores = np.empty_like(by_rank)
         scores[rows, order] = by_rank  # back to class order
         return scores

@@ -44,6 +44,12 @@ class ServiceError(Exception):
         self.headers = headers
 
 
+class ModelFault(ServiceError):
+    """The model gave what no working model gives (a head's negative evidence, or another number of rows
+    than it was sent): no fault of the request's, and no bug of the service's; its operator must replace
+    the model."""
+
+
 class InvalidInput(ServiceError):
     """The request is wrong. ``sample`` and ``view`` (indices in the request and the model's views) say
     where, when the core found it; the protocol's codec then words the place (:meth:`located`)."""

@@ -219,7 +219,7 @@ def _answering(method: Handler, *, stopping: asyncio.Event) -> Handler:
             code, message = _internal_error()
         except ServiceError as error:
             code = STATUS.get(error.type)
-            if code is None:  # a domain error with no client's cause (none today): the server's
+            if code is None:  # a domain error with no client's cause (a broken model's): the server's
                 code = grpc.StatusCode.INTERNAL
             metrics.ERRORS.labels(reason=error.type).inc()
             retry = (error.headers or {}).get("Retry-After")

@@ -119,19 +119,23 @@ class ModelLoads:
                 )
             try:
                 return load_repository(settings, stop)
-            except ModelLoadError:
-                raise
+            except ModelLoadError as error:
+                refusal = str(error)
             except Exception as error:
                 # A fault no check names (a symlink loop met by Path.resolve, a head's output no check
                 # foresaw): still a refused reload, the models being served stay. Let through, it answered
                 # 500, counted no failure, and stopped the watcher for good (its task group ended).
                 log.exception("loading the model repository %s failed", settings.model_dir)
-                raise ModelLoadError(
+                refusal = (
                     f"{settings.model_dir}: the load failed ({type(error).__name__}: {error}); the traceback "
                     "is in the service log"
-                ) from None
+                )
             finally:
                 self._running.release()
+            # Raised afresh, out of the except clauses: the error caught holds, through its traceback (and
+            # its cause's), the load's frames, every head's bytes and the sessions built; handed to the
+            # waiting future it made a reference cycle, which kept them past the trim after the refusal.
+            raise ModelLoadError(refusal)
 
         try:
             return await in_daemon_thread(load)

@@ -125,7 +125,8 @@ def repository_fingerprint(model_dir: Path) -> tuple:
     A symlink counts by where it points and by what it points to (its target's inode, size and time), so
     that adding a symlinked model, swapping a link atomically (``ln -sfn v2 tmp && mv -T tmp current``, of
     a model or of ``model_dir`` itself) and editing a file behind a link are all seen. Two levels deep and
-    each folder once: a symlink loop ends there. Hidden entries are not read (:func:`find_manifests`).
+    each folder once: a symlink loop ends there. Hidden entries are not read (:func:`find_manifests`), nor
+    the files of a folder without a ``manifest.json``, which the loader does not read either.
     """
     fingerprint: list[tuple] = [("", os.path.realpath(model_dir))]
     folders_seen: set[tuple[int, int]] = set()
@@ -139,6 +140,10 @@ def repository_fingerprint(model_dir: Path) -> tuple:
         if (info.st_dev, info.st_ino) in folders_seen:
             return
         folders_seen.add((info.st_dev, info.st_ino))
+        if depth < 2 and not any(entry.name == "manifest.json" for entry in entries):
+            # No model: its files' changes are none of the loader's. Counted, a folder linked to /proc (or
+            # one of logs) reloaded every model at every poll.
+            return
         for entry in entries:
             if entry.name.startswith("."):
                 continue
@@ -147,18 +152,13 @@ def repository_fingerprint(model_dir: Path) -> tuple:
                 link = os.readlink(entry.path) if entry.is_symlink() else None
             except OSError:  # a broken link, or gone
                 continue
-            fingerprint.append(
-                (
-                    entry.path,
-                    link,
-                    stat.S_IFMT(info.st_mode),
-                    info.st_dev,
-                    info.st_ino,
-                    info.st_mtime_ns,
-                    info.st_size,
-                )
-            )
-            if depth > 1 and stat.S_ISDIR(info.st_mode):
+            folder_entry = stat.S_ISDIR(info.st_mode)
+            # A folder by what it is, not by its time or size: those change with its entries, which are
+            # looked at where they count (a model's files), and which are none of the loader's elsewhere.
+            changes = (None, None) if folder_entry else (info.st_mtime_ns, info.st_size)
+            kind = stat.S_IFMT(info.st_mode)
+            fingerprint.append((entry.path, link, kind, info.st_dev, info.st_ino, *changes))
+            if depth > 1 and folder_entry:
                 look(Path(entry.path), depth - 1)
 
     look(model_dir, 2)
@@ -219,12 +219,17 @@ def read_manifest(path: Path) -> tuple[Manifest, dict[str, bytes]]:
     content = _read_file(path, "manifest", limit=MAX_MANIFEST_BYTES)
     try:
         manifest = Manifest.model_validate_json(content)
-    except (ValidationError, ValueError) as error:
+    except ValidationError as error:
+        # Said without the values it quotes: a manifest linked to a secret (an API key's file, a private key)
+        # had its first and last bytes written in the log and the 409.
+        unquoted = ValidationError.from_exception_data(error.title, error.errors(), hide_input=True)
+        raise ModelLoadError(f"{path}: invalid manifest: {unquoted}") from None
+    except ValueError as error:
         raise ModelLoadError(f"{path}: invalid manifest: {error}") from error
     verified = {}
     for view in manifest.views:
         file = path.parent / view.file
-        content = _read_file(file, "model file")
+        content = _read_file(file, "model file", limit=MAX_HEAD_BYTES)
         digest = hashlib.sha256(content).hexdigest()
         if digest != view.sha256:
             raise ModelLoadError(f"{file}: checksum mismatch (manifest {view.sha256}, file {digest})")
@@ -235,25 +240,38 @@ def read_manifest(path: Path) -> tuple[Manifest, dict[str, bytes]]:
 MAX_MANIFEST_BYTES = 16 << 20
 """The largest manifest read: parsed, one takes about ten times its size in memory, and one of a fit on
 millions of samples (its conformal scores, one per calibration sample) is a few megabytes."""
+MAX_HEAD_BYTES = (2 << 30) - 1
+"""The largest head file read: protobuf's limit on one message, so no larger file is one ONNX model (one
+that big keeps its tensors in external data, refused in :func:`_session`). Read whole, a sparse file of
+3 GiB took a reload 21 s and the service's memory from 122 MiB to 3.2 GiB, only to fail its checksum."""
 
 
-def _read_file(file: Path, what: str, *, limit: int | None = None) -> bytes:
+def _read_file(file: Path, what: str, *, limit: int) -> bytes:
     """The bytes of ``file`` if it is a regular file (or a symlink to one) of at most ``limit`` bytes, else
     :class:`ModelLoadError` naming it. Opened without blocking and checked before any read: a FIFO or a
-    device would block the load for ever (holding the reload lock), or never end."""
+    device would block the load for ever (holding the reload lock), or never end; a file larger than
+    ``limit`` (a sparse one of terabytes) is refused by its size, unread."""
     try:
         descriptor = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as error:
         raise ModelLoadError(f"{file}: cannot read {what} ({error.strerror})") from error
     try:
-        mode = os.fstat(descriptor).st_mode
-        if not stat.S_ISREG(mode):
-            kind = _KINDS.get(stat.S_IFMT(mode), "a special file")
+        info = os.fstat(descriptor)
+        if not stat.S_ISREG(info.st_mode):
+            kind = _KINDS.get(stat.S_IFMT(info.st_mode), "a special file")
             raise ModelLoadError(f"{file}: cannot read {what} ({kind}, not a regular file)")
-        with open(descriptor, "rb", closefd=False) as handle:
-            content = handle.read() if limit is None else handle.read(limit + 1)  # (a file still growing)
-        if limit is not None and len(content) > limit:
+        if info.st_size > limit:
             raise ModelLoadError(f"{file}: {what} of more than {limit:,} bytes, more than any model's")
+        with open(descriptor, "rb", closefd=False) as handle:
+            # Its size and one byte more, to see it grow: a read of up to the limit reserved that much memory
+            # first (2 GiB for every head, which strict overcommit or a ulimit -v refuses).
+            content = handle.read(info.st_size + 1)
+        if len(content) != info.st_size:
+            raise ModelLoadError(
+                f"{file}: cannot read {what} (its size says {info.st_size:,} bytes, the read gave "
+                f"{'more' if len(content) > info.st_size else f'{len(content):,}'}: changed while read, or "
+                "not a file on disk)"
+            )
         return content
     except OSError as error:
         raise ModelLoadError(f"{file}: cannot read {what} ({error.strerror})") from error
@@ -601,19 +619,31 @@ def _check_signature(session: onnxruntime.InferenceSession, file: Path, dim: int
 
 
 PROBE_SECONDS = 10.0
-"""The longest a head may take on its probe batch at load (onnxruntime's run is told to terminate then):
-a head answers 2 samples in milliseconds, and one that never returns would hold the start, or a reload,
-for ever."""
+"""The longest a head may take on a probe batch at load (onnxruntime's run is told to terminate then):
+a head answers a few samples in milliseconds, and one that never returns would hold the start, or a
+reload, for ever."""
+PROBE_BATCHES = (2, 1, 3)
+"""The probe's batch sizes: 2, then 1 (the commonest request) and 3. With 2 alone, a head that takes a
+batch of 2 only (declared so, or reshaped inside) loaded, then failed every other request (500), and one
+that gives a single row for other sizes had it broadcast to every sample of the batch (200)."""
 
 
 def _check_probe(
     session: onnxruntime.InferenceSession, file: Path, dim: int, classes: int, outputs: list[str]
 ) -> None:
-    """Run the head on a batch of zeros, as an absent view is sent to it: a graph whose declared shapes
+    """Run the head on batches of zeros, as an absent view is sent to it: a graph whose declared shapes
     say (N, K) but whose real output is narrower (broadcast silently) or wider (an error on every request),
-    that takes no batch of two, that gives negative or non-finite evidence, or a range excess not one
-    non-negative number per sample, is refused here, not served."""
-    probe = np.zeros((2, dim), dtype=np.float32)
+    that takes no batch of one of :data:`PROBE_BATCHES`, that gives negative or non-finite evidence, or a
+    range excess not one non-negative number per sample, is refused here, not served."""
+    for samples in PROBE_BATCHES:
+        _check_probe_batch(session, file, np.zeros((samples, dim), dtype=np.float32), classes, outputs)
+
+
+def _check_probe_batch(
+    session: onnxruntime.InferenceSession, file: Path, probe: np.ndarray, classes: int, outputs: list[str]
+) -> None:
+    n = len(probe)
+    samples = f"{n} sample{'s' if n > 1 else ''}"
     options = onnxruntime.RunOptions()
     options.log_severity_level = 4  # onnxruntime's own error line: the refusal below says it, and which file
     timer = threading.Timer(PROBE_SECONDS, setattr, (options, "terminate", True))
@@ -624,10 +654,10 @@ def _check_probe(
     except Exception as error:  # onnxruntime raises its own exception types
         if options.terminate:
             raise ModelLoadError(
-                f"{file}: a probe batch of 2 samples of zeros did not finish within {PROBE_SECONDS:g} s: a "
+                f"{file}: a probe batch of {samples} of zeros did not finish within {PROBE_SECONDS:g} s: a "
                 "graph that loops, or computes far more than a head does"
             ) from None
-        raise ModelLoadError(f"{file}: fails on a probe batch of 2 samples of zeros: {error}") from error
+        raise ModelLoadError(f"{file}: fails on a probe batch of {samples} of zeros: {error}") from error
     finally:
         timer.cancel()
     if not isinstance(evidence, np.ndarray) or evidence.dtype.kind not in "biuf":
@@ -635,17 +665,29 @@ def _check_probe(
         # reload, and a watcher that stops for good): refused here, naming the file.
         kind = getattr(evidence, "dtype", type(evidence).__name__)
         raise ModelLoadError(f"{file}: gives evidence of type {kind}; a head's is numbers (float32)")
-    if evidence.shape != (2, classes):
+    if evidence.shape != (n, classes):
         raise ModelLoadError(
-            f"{file}: gives evidence of shape {evidence.shape} for 2 samples; manifest says (2, {classes})"
+            f"{file}: gives evidence of shape {evidence.shape} for {samples}; manifest says ({n}, {classes})"
         )
+    with np.errstate(over="ignore"):
+        # As the runtime fuses it: float64 evidence of 1e300 passed here, then overflowed every request (400,
+        # blaming the request's features).
+        evidence = evidence.astype(np.float32)
     if not np.isfinite(evidence).all() or (evidence < 0).any():
         raise ModelLoadError(
             f"{file}: gives negative or non-finite evidence for features of zeros (an absent view's): "
             f"{evidence[0, :8].tolist()}{' ...' if classes > 8 else ''}"
         )
-    if excess and (excess[0].shape != (2,) or not (excess[0] >= 0).all()):
+    with np.errstate(over="ignore"):
+        totals = evidence.sum(-1)
+    if not np.isfinite(totals).all():
+        # Fused, a strength of inf: beliefs, uncertainty and probabilities of 0 for every request.
         raise ModelLoadError(
-            f"{file}: gives {RANGE_EXCESS} of shape {excess[0].shape} for 2 samples of zeros, starting "
+            f"{file}: gives evidence for features of zeros whose sum is past float32's range: "
+            f"{evidence[0, :8].tolist()}{' ...' if classes > 8 else ''}"
+        )
+    if excess and (excess[0].shape != (n,) or not (excess[0] >= 0).all()):
+        raise ModelLoadError(
+            f"{file}: gives {RANGE_EXCESS} of shape {excess[0].shape} for {samples} of zeros, starting "
             f"{excess[0].ravel()[:4].tolist()}; a head's is one non-negative number per sample"
         )

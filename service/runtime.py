@@ -5,13 +5,17 @@ or on the event loop for a small batch (:meth:`service.dataplane.DataPlane.predi
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from fusion import fuse, opinion_from_evidence
 from service import metrics
-from service.errors import InvalidInput
+from service.errors import InvalidInput, ModelFault
 from service.inference import InferenceRequest, Result
 from service.repository import LoadedModel
+
+log = logging.getLogger("dbf.runtime")
 
 
 def predict(model: LoadedModel, request: InferenceRequest) -> Result:
@@ -26,13 +30,35 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
     for v, view in enumerate(manifest.views):
         rows = slice(None) if complete else request.present[:, v]  # the view's features are those rows' only
         if complete or rows.any():
-            evidence[rows, v], *checked = heads[view.name].run(request.features[view.name])
+            features = request.features[view.name]
+            given, *checked = heads[view.name].run(features)
+            if given.shape != (len(features), k) or (checked and checked[0].shape != (len(features),)):
+                # Assigned, a single row was broadcast to every sample of the batch, other requests' too:
+                # the load's probe, with batches of up to 3, sees no head that does so for larger ones.
+                shapes = " and ".join(str(output.shape) for output in (given, *checked))
+                raise _model_fault(
+                    manifest.name, view.name, f"gives outputs of shape {shapes} for {len(features)} samples"
+                )
+            evidence[rows, v] = given
             if checked:
                 excess[rows, v] = checked[0]
-    finite = np.isfinite(evidence).all(-1)
+    with np.errstate(over="ignore"):
+        # Each view's total too: finite evidence summing past float32's range made a Dirichlet strength of
+        # inf, so beliefs, uncertainty and probabilities of 0, answered 200.
+        finite = np.isfinite(evidence.sum(-1))
     if not finite.all():  # features in float32's range can still overflow a head (inf - inf in its matmul)
         i, v = map(int, np.argwhere(~finite)[0])
         raise InvalidInput("features too large for the model (its evidence overflows)", sample=i, view=v)
+    if (evidence < 0).any():
+        # No working head gives it (its last step is an exp or a softplus), and the load's probe sees zeros
+        # only: fused, it made beliefs below 0 and an uncertainty above 1, answered 200 as if right.
+        i, v, _ = map(int, np.argwhere(evidence < 0)[0])
+        raise _model_fault(
+            manifest.name,
+            manifest.views[v].name,
+            f"gives negative evidence ({evidence[i, v].min():g} for sample {i}); a head's evidence is never "
+            "negative",
+        )
     # A view far outside its training range is fused as if missing: its head's certainty there means nothing.
     out_of_range = ~(excess <= manifest.out_of_range.threshold)  # NaN is out of range too
     present = request.present
@@ -89,6 +115,14 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
         lam=request.lam,
         coverage=coverage,
     )
+
+
+def _model_fault(model: str, view: str, what: str) -> ModelFault:
+    """The refusal of a request that ``view``'s head of ``model`` answered as no working head does, logged:
+    the operator's to see, and no fault of the request's."""
+    fault = f"model {model!r} is broken: the head of view {view!r} {what}"
+    log.error("%s", fault)
+    return ModelFault(f"{fault}; the service's operator must replace the model")
 
 
 def _blamed_views(

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from tests.service.conftest import running_service, start_and_fail
@@ -124,6 +125,75 @@ def string_head(dim: int, classes: int = 10) -> bytes:
     return model.SerializeToString()
 
 
+def float64_head(dim: int, classes: int = 10, *, evidence: float = 1e300) -> bytes:
+    """A head whose evidence is float64 (declared so), ``evidence`` for every class whatever the features."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["features", "w"], ["z"]),
+            helper.make_node("Cast", ["z"], ["wide"], to=TensorProto.DOUBLE),
+            helper.make_node("Add", ["wide", "b"], ["evidence"]),
+        ],
+        "head",
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["N", dim])],
+        [helper.make_tensor_value_info("evidence", TensorProto.DOUBLE, ["N", classes])],
+        initializer=[
+            helper.make_tensor("w", TensorProto.FLOAT, [dim, classes], [0.0] * (dim * classes)),
+            helper.make_tensor("b", TensorProto.DOUBLE, [classes], [evidence] * classes),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def one_row_head(dim: int, classes: int = 10, *, rows_up_to: int) -> bytes:
+    """A head whose evidence (the features' sum times 5 in class 3, plus 0.1) has every row for batches of
+    up to ``rows_up_to`` samples and only the first row for larger ones."""
+    weights = np.zeros((dim, classes), np.float32)
+    weights[:, 3] = 5.0
+    constants = [
+        numpy_helper.from_array(weights, "w"),
+        numpy_helper.from_array(np.full(classes, 0.1, np.float32), "b"),
+        numpy_helper.from_array(np.array([0], np.int64), "zero"),
+        numpy_helper.from_array(np.array([1], np.int64), "one"),
+        numpy_helper.from_array(np.array([rows_up_to], np.int64), "most"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["features", "w"], ["z"]),
+        helper.make_node("Relu", ["z"], ["positive"]),
+        helper.make_node("Add", ["positive", "b"], ["every_row"]),
+        helper.make_node("Shape", ["features"], ["shape"]),
+        helper.make_node("Slice", ["shape", "zero", "one"], ["rows"]),
+        helper.make_node("LessOrEqual", ["rows", "most"], ["few"]),
+        helper.make_node("Cast", ["few"], ["all_of_them"], to=TensorProto.INT64),
+        helper.make_node("Sub", ["rows", "one"], ["the_others"]),
+        helper.make_node("Mul", ["all_of_them", "the_others"], ["more"]),
+        helper.make_node("Add", ["one", "more"], ["end"]),
+        helper.make_node("Slice", ["every_row", "zero", "end", "zero"], ["evidence"]),
+    ]
+    return onnx_head(nodes, constants, dim=dim, classes=classes)
+
+
+def fixed_batch_head(dim: int, classes: int = 10, *, samples: int = 2) -> bytes:
+    """A head declared to take batches of ``samples`` only (evidence: ones)."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["features", "w"], ["z"]),
+            helper.make_node("Add", ["z", "b"], ["evidence"]),
+        ],
+        "head",
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, [samples, dim])],
+        [helper.make_tensor_value_info("evidence", TensorProto.FLOAT, [samples, classes])],
+        initializer=[
+            numpy_helper.from_array(np.zeros((dim, classes), np.float32), "w"),
+            numpy_helper.from_array(np.ones(classes, np.float32), "b"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
 def onnx_head(nodes: list, initializers: list, *, dim: int, classes: int, more: list = ()) -> bytes:
     """A head's ONNX file: ``nodes`` from 'features' (N, ``dim``) to 'evidence' declared (N, ``classes``),
     and the ``more`` outputs after it."""
@@ -189,6 +259,29 @@ BAD_HEADS = {  # the HandWritten view 'mor' (dim 6, 10 classes)
     # Before, a TypeError: the start's traceback named no file, a reload answered 500, and the watcher
     # (DBF_RELOAD_POLL_SECONDS) stopped for good.
     "evidence of strings": (string_head(6), "gives evidence of type object; a head's is numbers"),
+    # Before, it loaded, and every request sending the view was refused (400, "features too large for the
+    # model"), zeros as well: the runtime fuses float32, where 1e300 is infinite.
+    "float64 evidence beyond float32": (
+        float64_head(6),
+        "gives negative or non-finite evidence for features of zeros (an absent view's): [inf, inf",
+    ),
+    # Before, it loaded, and every answer had beliefs, uncertainty and probabilities of 0 (a strength of
+    # inf): 10 classes of 3e38, finite each, sum past float32's range.
+    "evidence summing past float32": (
+        head(6, 10, bias=3e38),
+        "gives evidence for features of zeros whose sum is past float32's range: [3.0000000054977558e+38",
+    ),
+    # Before, each loaded (the probe ran a batch of 2 alone): the first answered every request of another
+    # size 500 ("internal error"), the second broadcast its first row to every sample of a batch of 3 or more.
+    "a batch of 2 only": (
+        fixed_batch_head(6),
+        "fails on a probe batch of 1 sample of zeros: [ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Got "
+        "invalid dimensions for input: features",
+    ),
+    "one row for 3 samples": (
+        one_row_head(6, rows_up_to=2),
+        "gives evidence of shape (1, 10) for 3 samples; manifest says (3, 10)",
+    ),
     "negative range excess": (
         any_dim_head(6, excess=-1.0),
         "gives range_excess of shape (2,) for 2 samples of zeros, starting [-1.0, -1.0]; a head's is one "
@@ -216,6 +309,77 @@ def test_a_head_that_misbehaves_on_a_probe_batch_stops_the_service(tmp_path, cas
     done = start_and_fail("--model-dir", str(tmp_path / "handwritten"))
     assert done.returncode != 0
     assert f"{file}: {message}" in done.stderr, done.stderr[-2000:]
+
+
+def test_a_head_giving_negative_evidence_for_some_features_is_no_answer(tmp_path):
+    """A head whose evidence goes negative for features other than the probe's zeros (here features times
+    0.01 and no activation) loads; its negative evidence was fused into beliefs below 0 and an uncertainty
+    of 1.06, answered 200. Now such a request is a 500 naming the model and the view, in every protocol,
+    and the other views serve on."""
+    shutil.copytree(MODELS / "handwritten", tmp_path / "handwritten")
+    with_head(tmp_path / "handwritten", "mor", head(6, 10))
+    negative = {"samples": [{"views": {"mor": [-1.0] * 6}}]}
+    with running_service("--model-dir", str(tmp_path / "handwritten")) as url:
+        for path, body in (
+            ("/predict", negative),
+            ("/v2/models/handwritten/infer", {"inputs": [v2_tensor("mor", [-1.0] * 6)]}),
+        ):
+            refused = httpx.post(url + path, json=body)
+            assert refused.status_code == 500, refused.text
+            assert "model 'handwritten' is broken: the head of view 'mor' gives negative evidence" in (
+                refused.text
+            )
+        positive = {"samples": [{"views": {"mor": [1.0] * 6}}]}
+        assert httpx.post(url + "/predict", json=positive).status_code == 200
+        assert httpx.post(url + "/predict", json=BODY).status_code == 200
+
+
+def test_features_whose_evidence_sums_past_float32_are_refused_not_answered_as_zeros(tmp_path):
+    """Evidence finite in every class can still sum past float32's range (a head without a cap on its
+    evidence, features far out): fused, the Dirichlet strength was inf, and the answer (200) had beliefs,
+    uncertainty and probabilities of 0. Such features are refused as an evidence overflow is."""
+    shutil.copytree(MODELS / "handwritten", tmp_path / "handwritten")
+    with_head(tmp_path / "handwritten", "mor", linear_head(6, 10, weight=1e37))
+    with running_service("--model-dir", str(tmp_path / "handwritten")) as url:
+        refused = httpx.post(url + "/predict", json={"samples": [{"views": {"mor": [5.0] * 6}}]})
+        assert refused.status_code == 400, refused.text
+        message = refused.json()["error"]["message"]
+        assert message == "samples[0].views.mor: features too large for the model (its evidence overflows)"
+        answer = httpx.post(url + "/predict", json={"samples": [{"views": {"mor": [0.1] * 6}}]})
+        assert answer.status_code == 200
+        assert sum(answer.json()["predictions"][0]["probability"]) == pytest.approx(1, abs=1e-5)
+
+
+def test_a_head_giving_one_row_for_a_batch_is_no_answer_for_any_of_its_samples(tmp_path):
+    """A head that answers the probe's batches in full but gives one row for a larger one: assigned to the
+    batch's evidence, the row was broadcast, and every sample (other requests' too, batched together) got
+    the first one's answer, 200. Now the batch is refused naming the model and the view (500); a single
+    sample, whose one row is its own, is answered."""
+    shutil.copytree(MODELS / "handwritten", tmp_path / "handwritten")
+    with_head(tmp_path / "handwritten", "mor", one_row_head(6, rows_up_to=3))
+    samples = [{"views": {"mor": [value] * 6}} for value in (1.0, 0.0, 0.0, 0.0)]
+    with running_service("--model-dir", str(tmp_path / "handwritten")) as url:
+        refused = httpx.post(url + "/predict", json={"samples": samples})
+        assert refused.status_code == 500, refused.text
+        message = refused.json()["error"]["message"]
+        assert (
+            "model 'handwritten' is broken: the head of view 'mor' gives outputs of shape (1, 10)" in message
+        )
+        assert "for 4 samples" in message
+        alone = httpx.post(url + "/predict", json={"samples": samples[1:2]})
+        assert alone.status_code == 200 and alone.json()["predictions"][0]["uncertainty"] > 0.9
+
+
+def linear_head(dim: int, classes: int, *, weight: float) -> bytes:
+    """A head whose evidence is the features times ``weight``, summed, in every class (no activation)."""
+    weights = helper.make_tensor("w", TensorProto.FLOAT, [dim, classes], [weight] * (dim * classes))
+    return onnx_head(
+        [helper.make_node("MatMul", ["features", "w"], ["evidence"])], [weights], dim=dim, classes=classes
+    )
+
+
+def v2_tensor(name: str, values: list[float]) -> dict:
+    return {"name": name, "shape": [1, len(values)], "datatype": "FP32", "data": values}
 
 
 def test_a_head_with_its_tensors_in_another_file_stops_the_service(tmp_path):
@@ -282,6 +446,22 @@ def test_a_model_copied_under_another_folder_stops_the_service_naming_both(tmp_p
     assert f"{second}: model name 'handwritten' is used twice (also by {first})" in done.stderr, done.stderr
     # Said once, without the framework's traceback of the lifespan that stopped (a 60-line one before).
     assert "Traceback" not in done.stderr and "Application startup failed" in done.stderr
+
+
+def test_a_raps_free_rank_past_int64_serves_as_every_rank_free(tmp_path):
+    """RAPS's free_rank beyond the classes frees every rank. One past int64 (10**30, valid JSON and schema)
+    loaded, then every request of the model was a 500 (numpy could not add the object array it made)."""
+    answers = {}
+    for free_rank in (10, 10**30):
+        model = tmp_path / str(free_rank) / "handwritten"
+        shutil.copytree(MODELS / "handwritten", model)
+        score = {"kind": "raps", "penalty": 0.1, "free_rank": free_rank}
+        with_manifest(model, lambda m, score=score: m["calibration"]["conformal"].__setitem__("score", score))
+        with running_service("--model-dir", str(model)) as url:
+            answer = httpx.post(url + "/predict", json=BODY)
+            assert answer.status_code == 200, answer.text
+            answers[free_rank] = answer.json()["predictions"][0]["prediction_set"]
+    assert answers[10**30] == answers[10]
 
 
 def too_wide(model: Path) -> Path:
