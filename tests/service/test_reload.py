@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -32,6 +33,17 @@ def repository(tmp_path: Path, *names: str) -> Path:
 
 def models(url: str) -> list[str]:
     return sorted(m["name"] for m in httpx.get(url + "/v1/models").json()["models"])
+
+
+def eventually(
+    check: Callable[[], bool], failure: str | Callable[[], str], *, seconds: float = 30.0, step: float = 0.2
+) -> None:
+    """Wait until ``check()`` holds (a watcher's poll, a worker's start), looking every ``step`` s; fail with
+    ``failure`` (called, if it is a function, to say what is seen then) after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, failure() if callable(failure) else failure
+        time.sleep(step)
 
 
 def test_reload_adds_a_model_and_refuses_a_tampered_one(tmp_path):
@@ -125,16 +137,13 @@ def test_the_watcher_reloads_changes_and_keeps_serving_through_bad_ones(tmp_path
         # Staged beside the repository, then renamed in: a watcher must never see half a copy.
         shutil.copytree(MODELS / "cub", tmp_path / "staging")
         (tmp_path / "staging").rename(root / "cub")
-        deadline = time.monotonic() + 30
-        while models(url) != ["cub", "handwritten"]:
-            assert time.monotonic() < deadline, "the watcher did not load the new model"
-            time.sleep(0.2)
+        eventually(lambda: models(url) == ["cub", "handwritten"], "the watcher did not load the new model")
         head = root / "cub" / "text.onnx"
         head.write_bytes(head.read_bytes()[:-10])
-        deadline = time.monotonic() + 30
-        while metric(url, "dbf_model_reloads_total", outcome="failure") < failures + 1:
-            assert time.monotonic() < deadline, "the watcher did not try the broken model"
-            time.sleep(0.2)
+        eventually(
+            lambda: metric(url, "dbf_model_reloads_total", outcome="failure") >= failures + 1,
+            "the watcher did not try the broken model",
+        )
         assert models(url) == ["cub", "handwritten"]
         assert httpx.post(url + "/predict", json=BODY).status_code == 200
 
@@ -155,10 +164,9 @@ def test_the_watcher_reloads_nothing_for_a_folder_that_holds_no_model(tmp_path):
         assert metric(url, "dbf_model_reloads_total", outcome="success") == reloads
         shutil.copytree(MODELS / "pie", tmp_path / "staging")
         (tmp_path / "staging").rename(root / "pie")
-        deadline = time.monotonic() + 30
-        while models(url) != ["handwritten", "pie"]:
-            assert time.monotonic() < deadline, "the watcher did not load the new model"
-            time.sleep(0.1)
+        eventually(
+            lambda: models(url) == ["handwritten", "pie"], "the watcher did not load the new model", step=0.1
+        )
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])
@@ -183,10 +191,10 @@ def test_a_removed_model_is_no_longer_reported_by_any_worker(tmp_path, workers):
         ]
         assert not any(line.endswith(" 0.0") for line in pie_series(url))
         shutil.move(root / "pie", tmp_path / "pie")
-        deadline = time.monotonic() + 30
-        while not all(line.endswith(" 0.0") for line in pie_series(url)):  # all, of none too
-            assert time.monotonic() < deadline, f"a removed model is still reported: {pie_series(url)}"
-            time.sleep(0.2)
+        eventually(  # all, of none too
+            lambda: all(line.endswith(" 0.0") for line in pie_series(url)),
+            lambda: f"a removed model is still reported: {pie_series(url)}",
+        )
         assert metric(url, "dbf_model_reloads_total", outcome="success") >= 1
         assert metric(url, "dbf_model_info", model="handwritten", view="fac") == 1
         assert metric(url, "dbf_flag_clean_rate", model="handwritten") == 0.05
@@ -228,27 +236,22 @@ def test_the_watcher_follows_symlinks_and_sees_atomic_swaps(tmp_path):
     def default_lambda(url: str) -> float:
         return httpx.get(url + "/v1/models/handwritten").json()["fusion"]["lambda"]
 
-    def eventually(check, what: str) -> None:
-        deadline = time.monotonic() + 15
-        while not check():
-            assert time.monotonic() < deadline, f"the watcher did not see {what}"
-            time.sleep(0.2)
+    def seen(check, what: str) -> None:
+        eventually(check, f"the watcher did not see {what}", seconds=15)
 
     with running_service("--model-dir", str(current), env={"DBF_RELOAD_POLL_SECONDS": "0.2"}) as url:
         assert models(url) == ["handwritten"] and default_lambda(url) == 1.0
         (repository / "pie").symlink_to(releases / "pie")
-        eventually(lambda: models(url) == ["handwritten", "pie"], "a symlinked model added")
+        seen(lambda: models(url) == ["handwritten", "pie"], "a symlinked model added")
         swap(repository / "handwritten", releases / "handwritten-2")
-        eventually(lambda: default_lambda(url) == 2.0, "a model's symlink swapped")
+        seen(lambda: default_lambda(url) == 2.0, "a model's symlink swapped")
         set_default_lambda(releases / "handwritten-2", 3.0)
-        eventually(lambda: default_lambda(url) == 3.0, "a file edited behind a symlink")
+        seen(lambda: default_lambda(url) == 3.0, "a file edited behind a symlink")
         other = tmp_path / "repository-2"
         other.mkdir()
         (other / "handwritten").symlink_to(releases / "handwritten-1")
         swap(current, other)
-        eventually(
-            lambda: models(url) == ["handwritten"] and default_lambda(url) == 1.0, "the repository swapped"
-        )
+        seen(lambda: models(url) == ["handwritten"] and default_lambda(url) == 1.0, "the repository swapped")
         assert metric(url, "dbf_model_reloads_total", outcome="failure") == 0
 
 
@@ -391,10 +394,10 @@ def test_a_worker_that_dies_while_a_change_is_refused_is_replaced_without_stoppi
         head = root / "pie" / "gabor.onnx"
         good = head.read_bytes()
         head.write_bytes(good[:-10])
-        deadline = time.monotonic() + 30
-        while metric(url, "dbf_model_reloads_total", outcome="failure") < 2:  # both workers refused it
-            assert time.monotonic() < deadline, "the watchers did not try the broken model"
-            time.sleep(0.2)
+        eventually(  # both workers refused it
+            lambda: metric(url, "dbf_model_reloads_total", outcome="failure") >= 2,
+            "the watchers did not try the broken model",
+        )
         first, second = worker_processes(service.pid)
         os.kill(first, signal.SIGKILL)
         until = time.monotonic() + 5  # the replacement's failed start, and a retry or two
@@ -404,10 +407,11 @@ def test_a_worker_that_dies_while_a_change_is_refused_is_replaced_without_stoppi
             time.sleep(0.1)
         assert second in worker_processes(service.pid)
         head.write_bytes(good)  # repaired: the slot's next start loads it
-        deadline = time.monotonic() + 40
-        while len(worker_processes(service.pid)) < 2 or models(url) != ["handwritten", "pie"]:
-            assert time.monotonic() < deadline, "no worker took the dead one's place"
-            time.sleep(0.2)
+        eventually(
+            lambda: len(worker_processes(service.pid)) >= 2 and models(url) == ["handwritten", "pie"],
+            "no worker took the dead one's place",
+            seconds=40,
+        )
         assert httpx.post(url + "/v1/models/pie/predict", json=PIE).status_code == 200
 
 
@@ -431,15 +435,12 @@ def test_an_unforeseen_fault_in_a_load_is_a_refused_reload_and_the_watcher_goes_
         assert "RuntimeError: Symlink loop" in refused.json()["error"]["message"]
         assert metric(url, "dbf_model_reloads_total", outcome="failure") == failures + 1
         (root / "handwritten" / "NOTES").write_text("seen by the watcher")  # which then fails the same way
-        deadline = time.monotonic() + 30
-        while metric(url, "dbf_model_reloads_total", outcome="failure") < failures + 2:
-            assert time.monotonic() < deadline, "the watcher did not try the change"
-            time.sleep(0.2)
+        eventually(
+            lambda: metric(url, "dbf_model_reloads_total", outcome="failure") >= failures + 2,
+            "the watcher did not try the change",
+        )
         assert httpx.post(url + "/predict", json=BODY).status_code == 200
         monkeypatch.setattr(reload, "load_repository", loader)
         shutil.copytree(MODELS / "pie", tmp_path / "staging")
         (tmp_path / "staging").rename(root / "pie")
-        deadline = time.monotonic() + 30
-        while models(url) != ["handwritten", "pie"]:
-            assert time.monotonic() < deadline, "the watcher stopped after the fault"
-            time.sleep(0.2)
+        eventually(lambda: models(url) == ["handwritten", "pie"], "the watcher stopped after the fault")
