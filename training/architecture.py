@@ -32,6 +32,7 @@ from fusion import Method
 from training.baseline import accuracies
 from training.calibrate import FusedSplit
 from training.evaluate import evaluate
+from training.metrics import Rate
 from training.train import SampleSet, Trained
 
 __all__ = [
@@ -64,7 +65,7 @@ class Candidate:
     """One candidate's heads measured on the validation split (and its conflictive copy)."""
 
     hidden: tuple[int, ...]
-    accuracy: float
+    accuracy: Rate  # fused, on the validation split
     auroc: float
 
 
@@ -110,8 +111,9 @@ def choose_heads(
     for hidden in candidates:
         trained.append(train(tuple(hidden)))
         evaluation = evaluate(trained[-1].heads, validation, conflictive, method=method, lam=lam)
-        measured.append(Candidate(tuple(hidden), evaluation.acc_normal, evaluation.auc))
-    best = max(range(len(measured)), key=lambda i: (measured[i].accuracy, -i))
+        right = Rate(round(evaluation.acc_normal * len(validation)), len(validation))
+        measured.append(Candidate(tuple(hidden), right, evaluation.auc))
+    best = max(range(len(measured)), key=lambda i: (measured[i].accuracy.value, -i))
     return trained[best], HeadChoice(tuple(measured), measured[best])
 
 
@@ -120,11 +122,11 @@ class Outvoted:
     """The fused model outvoted by its best view, and what training again with ``beta`` gave (accuracies on
     the samples measured on)."""
 
-    fused: float  # of the heads first trained
+    fused: Rate  # of the heads first trained
     best_view: str
-    best_view_accuracy: float  # its head alone
+    best_view_accuracy: Rate  # its head alone, on the samples that have its view
     beta: float
-    again: float  # fused, of the heads trained again
+    again: Rate  # fused, of the heads trained again
     kept: bool  # whether those replaced the first (more accurate)
 
 
@@ -163,5 +165,5 @@ def unless_outvoted(
     again = train(beta)
     second, _ = accuracies(fused(again), view_names)
     kept = second.value > first.value
-    outvoted = Outvoted(first.value, best, views[best].value, beta, second.value, kept)
+    outvoted = Outvoted(first, best, views[best], beta, second, kept)
     return (again if kept else trained), outvoted

@@ -489,8 +489,8 @@ def _outvoted(report: FitReport) -> str:
     outcome = "kept" if o.kept else "not kept: no more accurate"
     return (
         f"; trained again with each view's own term weighted {o.beta:g}, as the fused model was below its "
-        f"best view `{o.best_view}` on {_held_out(report)} ({_percent(o.fused)} against "
-        f"{_percent(o.best_view_accuracy)}): {_percent(o.again)}, {outcome}"
+        f"best view `{o.best_view}` on {_held_out(report)} ({_rate_of(o.fused)} against "
+        f"{_rate_of(o.best_view_accuracy)}): {_rate_of(o.again)}, {outcome}"
     )
 
 
@@ -502,7 +502,7 @@ def _held_out(report: FitReport) -> str:
 
 
 def _measured(candidate: Candidate) -> str:
-    return f"{_percent(candidate.accuracy)} (conflict AUROC {candidate.auroc:.2f})"
+    return f"{_rate_of(candidate.accuracy)} (conflict AUROC {candidate.auroc:.2f})"
 
 
 def _percent(value: float) -> str:
@@ -518,6 +518,11 @@ def _rate(rate: Rate) -> str:
         return "n/a"
     low, high = rate.interval
     return f"{_percent(rate.value)} [{100 * low:.1f}, {100 * high:.1f}]"
+
+
+def _rate_of(rate: Rate) -> str:
+    """``44.0% [24.4, 65.1] of 25``: :func:`_rate` and the samples it rests on, for a rate in running text."""
+    return f"{_rate(rate)} of {rate.total}"
 
 
 def _counted(value: float, total: int) -> Rate:

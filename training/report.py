@@ -165,9 +165,9 @@ class FitReport:
                 "best_view": self.outvoted.best_view,
                 "beta": self.outvoted.beta,
                 "held_out_accuracy": {
-                    "fused": self.outvoted.fused,
-                    "best_view": self.outvoted.best_view_accuracy,
-                    "fused_trained_again": self.outvoted.again,
+                    "fused": self.outvoted.fused.value,
+                    "best_view": self.outvoted.best_view_accuracy.value,
+                    "fused_trained_again": self.outvoted.again.value,
                 },
                 "kept": self.outvoted.kept,
             }

@@ -7,6 +7,7 @@ import numpy as np
 
 from training.architecture import OUTVOTED_BETA, unless_outvoted
 from training.calibrate import FusedSplit
+from training.metrics import Rate
 
 LABELS = np.repeat(np.arange(2), 50)
 
@@ -36,8 +37,8 @@ def test_outvoted_heads_are_trained_again_and_kept_where_more_accurate():
 
     kept, outvoted = unless_outvoted(first, train, lambda t: splits[id(t)], ["strong", "weak"])
     assert kept is again and asked == [OUTVOTED_BETA]
-    assert (outvoted.best_view, outvoted.best_view_accuracy, outvoted.kept) == ("strong", 0.95, True)
-    assert outvoted.fused < 0.94 and outvoted.again == 0.95
+    assert (outvoted.best_view, outvoted.best_view_accuracy, outvoted.kept) == ("strong", Rate(95, 100), True)
+    assert outvoted.fused.value < 0.94 and outvoted.again == Rate(95, 100)
 
 
 def test_heads_not_outvoted_are_not_trained_again():
@@ -69,5 +70,9 @@ def test_any_shortfall_below_the_best_view_trains_again():
         id(again): split({"strong": 95, "weak": 94}),
     }
     kept, outvoted = unless_outvoted(first, lambda beta: again, lambda t: splits[id(t)], ["strong", "weak"])
-    assert (outvoted.fused, outvoted.best_view_accuracy, outvoted.again) == (0.94, 0.95, 0.95)
+    assert (outvoted.fused, outvoted.best_view_accuracy, outvoted.again) == (
+        Rate(94, 100),
+        Rate(95, 100),
+        Rate(95, 100),
+    )
     assert kept is again and outvoted.kept

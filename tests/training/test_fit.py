@@ -289,6 +289,8 @@ def test_a_weak_view_does_not_outvote_a_strong_one(tmp_path, capsys):
     card = (tmp_path / "default" / "card.md").read_text()
     assert "trained again with each view's own term weighted 0.1" in card
     assert "below its best view `petal` on every non-test sample, out of fold (5 models)" in card
+    rate = r"\d+\.\d% \[\d+\.\d, \d+\.\d\] of \d+"  # each with its interval and count
+    assert re.search(rf"out of fold \(5 models\) \({rate} against {rate}\): {rate}, kept", card)
 
 
 def test_a_useless_view_is_warned_about(tmp_path, capsys):

@@ -4,6 +4,7 @@ its cap while still improving says so, and the heads' architecture chosen on the
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -127,8 +128,13 @@ def test_the_linear_head_is_kept_on_linearly_separable_data(tmp_path):
     assert fit("--data", data, "--out", out, "--epochs", "300", "--patience", "0", "--quiet") == 0
     assert read_manifest(out).training["hidden"] == []
     card = (out / "card.md").read_text()
-    chosen = "One head per view (linear; chosen for its fused validation accuracy, 100.0% (conflict AUROC "
-    assert chosen in card and "against 100.0% (conflict AUROC" in card
+    # every rate with its interval and the validation samples it rests on, as everywhere in the card
+    validation = read_manifest(out).training["splits"]["validation"]
+    measured = rf"100\.0% \[\d+\.\d, 100\.0\] of {validation} \(conflict AUROC \d\.\d\d\)"
+    assert re.search(
+        rf"One head per view \(linear; chosen for its fused validation accuracy, {measured}", card
+    )
+    assert re.search(rf"against {measured} with a hidden layer", card)
 
 
 def test_hidden_layers_as_asked_are_trained_exported_and_described(tmp_path):
