@@ -619,9 +619,9 @@ def _check_signature(session: onnxruntime.InferenceSession, file: Path, dim: int
 
 
 PROBE_SECONDS = 10.0
-"""The longest a head may take on a probe batch at load (onnxruntime's run is told to terminate then):
-a head answers a few samples in milliseconds, and one that never returns would hold the start, or a
-reload, for ever."""
+"""The longest a head may take on its probe batches at load, all together (onnxruntime's run is told to
+terminate then): a head answers a few samples in milliseconds, and one that never returns would hold the
+start, or a reload, for ever."""
 PROBE_BATCHES = (2, 1, 3)
 """The probe's batch sizes: 2, then 1 (the commonest request) and 3. With 2 alone, a head that takes a
 batch of 2 only (declared so, or reshaped inside) loaded, then failed every other request (500), and one
@@ -634,21 +634,30 @@ def _check_probe(
     """Run the head on batches of zeros, as an absent view is sent to it: a graph whose declared shapes
     say (N, K) but whose real output is narrower (broadcast silently) or wider (an error on every request),
     that takes no batch of one of :data:`PROBE_BATCHES`, that gives negative or non-finite evidence, or a
-    range excess not one non-negative number per sample, is refused here, not served."""
-    for samples in PROBE_BATCHES:
-        _check_probe_batch(session, file, np.zeros((samples, dim), dtype=np.float32), classes, outputs)
-
-
-def _check_probe_batch(
-    session: onnxruntime.InferenceSession, file: Path, probe: np.ndarray, classes: int, outputs: list[str]
-) -> None:
-    n = len(probe)
-    samples = f"{n} sample{'s' if n > 1 else ''}"
+    range excess not one non-negative number per sample, is refused here, not served. The batches share
+    the :data:`PROBE_SECONDS`: a timer's thread each cost a load as much as the runs themselves."""
     options = onnxruntime.RunOptions()
     options.log_severity_level = 4  # onnxruntime's own error line: the refusal below says it, and which file
     timer = threading.Timer(PROBE_SECONDS, setattr, (options, "terminate", True))
     timer.daemon = True
     timer.start()
+    try:
+        for n in PROBE_BATCHES:
+            _check_probe_batch(session, file, np.zeros((n, dim), dtype=np.float32), classes, outputs, options)
+    finally:
+        timer.cancel()
+
+
+def _check_probe_batch(
+    session: onnxruntime.InferenceSession,
+    file: Path,
+    probe: np.ndarray,
+    classes: int,
+    outputs: list[str],
+    options: onnxruntime.RunOptions,
+) -> None:
+    n = len(probe)
+    samples = f"{n} sample{'s' if n > 1 else ''}"
     try:
         evidence, *excess = session.run(outputs, {"features": probe}, options)
     except Exception as error:  # onnxruntime raises its own exception types
@@ -658,8 +667,6 @@ def _check_probe_batch(
                 "graph that loops, or computes far more than a head does"
             ) from None
         raise ModelLoadError(f"{file}: fails on a probe batch of {samples} of zeros: {error}") from error
-    finally:
-        timer.cancel()
     if not isinstance(evidence, np.ndarray) or evidence.dtype.kind not in "biuf":
         # Strings (or objects) pass the declared shape check, then fail every comparison below (a 500 at
         # reload, and a watcher that stops for good): refused here, naming the file.
