@@ -861,7 +861,7 @@ def _errors(reason: str) -> float:
 def test_a_call_that_outlives_the_servers_stop_is_counted_as_cut_by_the_shutdown_not_as_a_bug(caplog):
     """A call still waiting (for a read slot, a batch) when the drain's grace ends: gRPC's server stops, and
     the call's next use of its context raises gRPC's own error. It was logged as an unexpected error with its
-    traceback and counted as internal_error, the count the InternalErrors alert watches (seen at the end of a
+    traceback and counted as internal_error, the count the DBFServerErrors alert watches (seen at the end of a
     gRPC benchmark on a 16-core machine). It is now counted as REST's requests cut at shutdown are
     (shutting_down) and left to gRPC, which ends it UNAVAILABLE."""
     from service.grpc_server import _answering
