@@ -27,6 +27,7 @@ from calibration import ModelCalibration
 from fusion import METHODS
 from manifest import Manifest
 from service.inference import ModelSignature, ViewSpec
+from service.json_numbers import unique_keys
 from service.outputs import answer_values
 from service.placement import (
     CPU,
@@ -218,7 +219,10 @@ def read_manifest(path: Path) -> tuple[Manifest, dict[str, bytes]]:
     """
     content = _read_file(path, "manifest", limit=MAX_MANIFEST_BYTES)
     try:
-        manifest = Manifest.model_validate_json(content)
+        # Strict: a number written as a string ("dim": "6") is a manifest not written by export.
+        manifest = Manifest.model_validate_json(content, strict=True)
+        # pydantic keeps a repeated key's last value: a second "name" would serve the model under it.
+        json.loads(content, object_pairs_hook=unique_keys)
     except ValidationError as error:
         # Said without the values it quotes: a manifest linked to a secret (an API key's file, a private key)
         # had its first and last bytes written in the log and the 409.

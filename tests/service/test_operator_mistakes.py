@@ -418,6 +418,43 @@ def test_a_manifest_number_out_of_range_stops_the_service(tmp_path, case):
     assert f"{file}: invalid manifest" in done.stderr and message in done.stderr, done.stderr[-2000:]
 
 
+def with_dim_as_text(m: dict) -> None:
+    m["views"][0]["dim"] = str(m["views"][0]["dim"])
+
+
+def with_name_repeated(text: str) -> str:
+    # A second "name" first in the object; json.dumps cannot write a repeated key.
+    return text.replace("{", '{"name": "impostor", ', 1)
+
+
+# A manifest export did not write: before, pydantic read "6" as 6 and kept a repeated key's last value.
+LOOSE_MANIFESTS = {
+    "a dim written as a string": (
+        lambda model: with_manifest(model, with_dim_as_text),
+        "views.0.dim\n  Input should be a valid integer",
+    ),
+    "a key repeated": (
+        lambda model: rewritten(model / "manifest.json", with_name_repeated),
+        "invalid manifest: duplicate key(s) ['name']",
+    ),
+}
+
+
+def rewritten(file: Path, change) -> Path:
+    file.write_text(change(file.read_text()))
+    return file
+
+
+@pytest.mark.parametrize("case", sorted(LOOSE_MANIFESTS))
+def test_a_manifest_read_loosely_before_stops_the_service(tmp_path, case):
+    change, message = LOOSE_MANIFESTS[case]
+    shutil.copytree(MODELS / "handwritten", tmp_path / "handwritten")
+    file = change(tmp_path / "handwritten")
+    done = start_and_fail("--model-dir", str(tmp_path / "handwritten"))
+    assert done.returncode != 0
+    assert f"{file}: invalid manifest" in done.stderr and message in done.stderr, done.stderr[-2000:]
+
+
 def test_a_view_over_the_maximum_dim_stops_the_service(tmp_path):
     """The issue's absurd dim (2e7), with a head that really takes it: a request leaving that view out
     would allocate 80 MB of zeros per sample."""
