@@ -62,6 +62,10 @@ BASELINE_MARGIN = 0.03
 """How far below its best view alone, and below the plain model, the fused model's test accuracy may be
 before a fit warns."""
 
+FLAWLESS_VIEW_SAMPLES = 50
+"""The fewest test samples on which a view's head alone right on every one makes a fit ask whether the view
+leaks the label (on fewer, an easy view often is: iris' petals on 30)."""
+
 _CHUNK_ROWS = 4096  # test samples scored at a time: their features side by side stay small
 
 
@@ -119,7 +123,25 @@ class Comparison:
         plain = self.baseline.accuracy.value
         if fused < plain - BASELINE_MARGIN:
             notes.append(self._below_baseline(fused, plain))
-        return notes + self._views_like_the_commonest_class()
+        return notes + self._views_like_the_commonest_class() + self._flawless_views()
+
+    def _flawless_views(self) -> list[str]:
+        """The views whose head alone is right on every one of at least :data:`FLAWLESS_VIEW_SAMPLES` test
+        samples: real features seldom are, and a feature written from the label (a class's code, a field
+        filled in after the outcome) is, until it is served on data where it is not there to read."""
+        flawless = [
+            f"`{view}` ({rate.total} of {rate.total})"
+            for view, rate in self.views.items()
+            if rate.total >= FLAWLESS_VIEW_SAMPLES and rate.count == rate.total
+        ]
+        if not flawless:
+            return []
+        return [
+            f"{', '.join(flawless)} alone is right on every test sample that has it: check that no feature of "
+            "it is written from the label or after the outcome (an identifier per class, a field a later step "
+            "fills in), which the served model would not find in new data; if the task is this easy, ignore "
+            "this"
+        ]
 
     def _views_like_the_commonest_class(self) -> list[str]:
         """The views whose head alone is not shown better than always answering the commonest class of the

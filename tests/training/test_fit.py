@@ -988,6 +988,22 @@ def test_a_fused_model_below_the_logistic_regression_with_a_strong_view_is_told_
     assert "`--views` to leave out a useless view" in note and "join their features" not in note
 
 
+@pytest.mark.parametrize(
+    ("leak", "warned"), [((60, 60), True), ((59, 60), False), ((49, 49), False)], ids=str
+)
+def test_a_view_right_on_every_one_of_many_test_samples_is_asked_about_leaking_the_label(leak, warned):
+    """A probe's view holding a code per class (a label leak): its head alone was right on every test
+    sample, the fused model too, and the card said 100% without a word. A view flawless on 50 test samples
+    or more is now asked about; one wrong answer, or fewer samples (an easy view often is flawless on a few
+    dozen), and nothing is said."""
+    from training.metrics import Rate
+
+    views = {"code": Rate(*leak), "sensor": Rate(45, 60)}
+    notes = _comparison((58, 60), {"0": (29, 30), "1": (29, 30)}, views=views).warnings()
+    said = f"`code` ({leak[1]} of {leak[1]}) alone is right on every test sample that has it: check that no"
+    assert any(said in note for note in notes) is warned, notes
+
+
 def test_a_view_without_test_samples_is_not_the_best_view():
     """A view present in training samples only has no accuracy (NaN): it was taken for the best view, and
     the warning that the fused model is below its best view (`v1`, 6.6 points above it) was lost."""
