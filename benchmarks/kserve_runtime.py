@@ -2,9 +2,10 @@
 KServe's Python model server (REST and gRPC), as a custom ``kserve.Model``, written the way KServe's
 documentation writes one (inputs and outputs through its ``InferRequest`` and ``InferResponse``).
 
-    python -m benchmarks.kserve_runtime --model-dir DIR --http_port P --grpc_port G
+    python -m benchmarks.kserve_runtime --model-dir DIR --http_port P --grpc_port G [--workers N]
 
-(the ports are KServe's own options; it parses the command line itself). Runs in this repository's
+(the ports and ``--workers``, its REST processes, are KServe's own options; it parses the command line
+itself). Runs in this repository's
 environment: kserve is a dev dependency.
 """
 
@@ -26,8 +27,18 @@ _DATATYPES = {"float32": "FP32", "int64": "INT64", "bool": "BOOL"}
 class DBFModel(Model):
     def __init__(self, name: str, directory: Path) -> None:
         super().__init__(name)
+        self.directory = directory
         self.model = PeerModel(directory)
         self.ready = True
+
+    # With --workers N KServe pickles its models into each REST process: their sessions cannot be, so each
+    # process loads the heads again.
+    def __getstate__(self) -> dict[str, Any]:
+        return {key: value for key, value in self.__dict__.items() if key != "model"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.model = PeerModel(self.directory)
 
     async def predict(
         self, payload: InferRequest, headers: dict[str, str] | None = None, **_: Any
@@ -49,4 +60,4 @@ if __name__ == "__main__":
     parser.add_argument("--model-dir", type=Path, required=True)
     args, _ = parser.parse_known_args()
     name = json.loads((args.model_dir / "manifest.json").read_text())["name"]
-    ModelServer(workers=1).start([DBFModel(name, args.model_dir)])
+    ModelServer().start([DBFModel(name, args.model_dir)])  # --workers from the command line, default 1

@@ -7,7 +7,13 @@ twice: as installed (its default, one inference worker process) and with ``paral
 in the server process, as dbf-serve does it); KServe as installed, its per-request latency log off.
 
     python -m benchmarks.peers [--seconds 8] [--repeat 3] [--cases v2-json256,v2-json1,grpc256,grpc1]
-                               [--peers mlserver,mlserver-0,kserve] [--venv DIR]
+                               [--peers mlserver,mlserver-0,kserve] [--workers N] [--venv DIR]
+
+``--workers N`` gives each server N processes where its design allows: dbf-serve ``DBF_WORKERS`` (each
+serving REST and gRPC), KServe ``--workers`` (REST only: its gRPC server stays in the main process),
+MLServer ``parallel_workers`` (inference processes behind its one front-end process, which decodes every
+request); ``mlserver-0`` keeps 0. Without it each runs as installed: dbf-serve and KServe one process,
+MLServer one inference worker.
 
 MLServer and dbf-serve pin different FastAPI releases, so MLServer gets its own virtual environment
 (``--venv``, made on first use: ``pip install mlserver==1.7.1 'uvloop<0.22' onnxruntime numpy
@@ -60,6 +66,7 @@ def main() -> None:
     parser.add_argument("--peers", default="mlserver,mlserver-0,kserve")
     parser.add_argument("--model-dir", type=Path, default=ROOT / "models" / "handwritten")
     parser.add_argument("--venv", type=Path, default=ROOT / ".venv-mlserver", help="MLServer's environment")
+    parser.add_argument("--workers", type=int, default=None, help="processes per server (see above)")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk not found: apt-get install wrk")
@@ -69,7 +76,9 @@ def main() -> None:
     print(
         f"# dbf-serve vs {', '.join(peers)} ({MLSERVER}; kserve's model server), same heads and fusion, "
         f"model {manifest.name}; median of {args.repeat} alternated runs of {args.seconds} s; "
-        f"{os.cpu_count()} cores; ratio = dbf-serve / the peer's row above it"
+        f"{os.cpu_count()} cores; "
+        f"{'as installed' if args.workers is None else f'--workers {args.workers}'}; "
+        "ratio = dbf-serve / the peer's row above it"
     )
     header = f"{'case':<20}{'samples':>8}{'conc':>5} {'server':<10}{'req/s':>9}{'samples/s':>11}"
     print(header + f"{'p50 ms':>9}{'p99 ms':>9}{'ratio':>7}  notes")
@@ -87,12 +96,13 @@ def main() -> None:
             runs: dict[str, list[Load]] = {label: [] for label in (*peers, "dbf-serve")}
             for _ in range(args.repeat):
                 for label in peers:
-                    server, grpc_port = _peer(label, mlserver, args.model_dir, Path(tmp))
+                    server, grpc_port = _peer(label, mlserver, args.model_dir, Path(tmp), args.workers)
                     with server as url:
                         runs[label].append(_load(case, body, url, grpc_port, args, script))
                 grpc_port = free_port()
                 command = ["service", "--model-dir", str(args.model_dir), "--grpc-port", str(grpc_port)]
-                with Server(command, {}, ready_path="/ready") as url:
+                env = {} if args.workers is None else {"DBF_WORKERS": str(args.workers)}
+                with Server(command, env, ready_path="/ready") as url:
                     runs["dbf-serve"].append(_load(case, body, url, grpc_port, args, script))
             for label in peers:
                 print_row(case, label, median(runs[label]), None, NOTES.get(label, ""))
@@ -121,22 +131,25 @@ def _check_rest(url: str, body: bytes) -> None:
         raise SystemExit(f"{url} answered {answer.status_code}, not 200: {answer.text[:300]}")
 
 
-def _peer(label: str, mlserver: Path | None, model_dir: Path, tmp: Path) -> tuple[Server, int]:
-    """The peer ``label``'s server, and its gRPC port."""
+def _peer(
+    label: str, mlserver: Path | None, model_dir: Path, tmp: Path, workers: int | None
+) -> tuple[Server, int]:
+    """The peer ``label``'s server with ``workers`` processes (None: as installed), and its gRPC port."""
     grpc_port = free_port()
     if label == "kserve":
-        return _kserve(model_dir, grpc_port), grpc_port
-    workers = {"mlserver": None, "mlserver-0": 0}[label]
-    return _mlserver(mlserver, model_dir, tmp, workers, grpc_port), grpc_port
+        return _kserve(model_dir, grpc_port, workers), grpc_port
+    parallel_workers = 0 if label == "mlserver-0" else workers
+    return _mlserver(mlserver, model_dir, tmp, parallel_workers, grpc_port), grpc_port
 
 
-def _kserve(model_dir: Path, grpc_port: int) -> Server:
+def _kserve(model_dir: Path, grpc_port: int, workers: int | None) -> Server:
     """KServe's model server on the model with :class:`benchmarks.kserve_runtime.DBFModel`."""
 
     def argv(port: int) -> list[str]:
         return [
             sys.executable, "-m", "benchmarks.kserve_runtime", "--model-dir", str(model_dir),
             "--http_port", str(port), "--grpc_port", str(grpc_port), "--enable_latency_logging", "false",
+            *([] if workers is None else ["--workers", str(workers)]),
         ]  # fmt: skip
 
     return Server([], {}, argv=argv, ready_path=f"/v2/models/{_model_name(model_dir)}/ready")

@@ -39,3 +39,18 @@ def test_the_peer_model_computes_every_tensor_dbf_serve_answers(model):
     assert set(peer) == set(TENSORS)
     for name, output in TENSORS.items():
         np.testing.assert_array_equal(peer[name], output.tensor.take(result), err_msg=name)
+
+
+def test_kserves_peer_survives_the_pickling_its_worker_processes_need():
+    """``benchmarks.peers --workers N`` runs KServe's REST front end in N processes, into which KServe
+    pickles the model: its onnxruntime sessions could not be, and the server died at start."""
+    import pickle
+
+    from benchmarks.kserve_runtime import DBFModel
+
+    directory = ROOT / "models" / "handwritten"
+    features = sample_features(directory, 8)
+    model = DBFModel("handwritten", directory)
+    copy = pickle.loads(pickle.dumps(model))
+    for name, tensor in model.model.predict(features).items():
+        np.testing.assert_array_equal(copy.model.predict(features)[name], tensor, err_msg=name)
