@@ -97,10 +97,18 @@ class FitReport:
         if not history.still_improving:
             return []
         limit, option = ("time limit", "--max-minutes") if history.timed_out else ("epoch cap", "--epochs")
-        return [
+        said = (
             f"the {limit} ended training after {history.epochs} epochs while the validation loss was still "
-            f"improving (best epoch {history.best_epoch}): the model may be underfitted; raise `{option}`"
-        ]
+            f"improving (best epoch {history.best_epoch})"
+        )
+        fused = self.comparison.fused
+        if fused.total and fused.count == fused.total:
+            # A loss still falling where every answer is right is evidence still growing, not underfitting.
+            return [
+                f"{said}; the fused model is right on every test sample, so more training would make its "
+                f"opinions more certain rather than more accurate: raise `{option}` if its uncertainty matters"
+            ]
+        return [f"{said}: the model may be underfitted; raise `{option}`"]
 
     def _squeezed(self) -> list[str]:
         """Views whose features a few outliers stretch: scaled to [0, 1], the rest of each is a sliver."""

@@ -356,6 +356,29 @@ def test_the_card_shows_class_names_as_written_and_runs_none_of_them(tmp_path):
     )
 
 
+@pytest.mark.parametrize("separation", [3.0, 0.3])
+def test_a_run_cut_while_improving_is_called_underfitted_only_where_it_answers_wrongly(tmp_path, separation):
+    """A probe's run the epoch cap ended, right on every test sample: the card said "the model may be
+    underfitted; raise `--epochs`". Where every answer is right, a falling loss is evidence still growing."""
+    views, labels = dataset()
+    rng = np.random.default_rng(1)
+    codes = np.searchsorted(CLASSES, labels)
+    views = {
+        name: (separation * rng.normal(size=(len(CLASSES), view.shape[1]))[codes] + rng.normal(size=view.shape))
+        for name, view in views.items()
+    }
+    out = tmp_path / "model"
+    data = write_npy(tmp_path / "data", views, labels)
+    assert fit("--data", data, "--out", out, "--epochs", "40", "--quiet") == 0
+    card = (out / "card.md").read_text()
+    perfect = "| fused | **100.0% [" in card
+    warnings = card[card.index("## Warnings") : card.index("## Data")]
+    assert "the epoch cap ended training after 40 epochs while the validation loss was still" in warnings
+    assert ("more certain rather than more accurate" in warnings) is perfect
+    assert ("may be underfitted" in warnings) is not perfect
+    assert perfect is (separation == 3.0)
+
+
 # -- bad data: a clear error naming where, and nothing written ---------------------------------------------
 
 
