@@ -45,6 +45,7 @@ from calibration import (
     calibration_scores,
     choose_score,
     conformal_rank,
+    ece_noise,
     expected_calibration_error,
     fit_confidence,
     max_coverage,
@@ -326,6 +327,27 @@ def evaluate_calibration(
         conflictive_ece_confidence=conflictive_ece,
         refused=refused,
     )
+
+
+def confidence_noise(calibration: Calibration, split: FusedSplit) -> float:
+    """The ECE that a perfectly calibrated ``confidence``, with ``split``'s clean samples' confidences,
+    exceeds one time in 20 (:func:`calibration.ece_noise`): how small an ECE the split can tell from noise."""
+    return ece_noise(calibration.applied().confidence(split.clean.belief, split.clean.uncertainty))
+
+
+def confidence_warnings(calibration: Calibration, *, noise: float) -> list[str]:
+    """Where the served ``confidence`` is less calibrated on the test split than the projected probability
+    it was fitted to improve, beyond ``noise`` (:func:`confidence_noise`): its calibrator did not carry over.
+    An audit's fit had ECE 0.173 against 0.098, noise up to 0.144, and its card said the figures only."""
+    figures = calibration.test
+    if figures is None or figures.ece_confidence <= max(figures.ece_projected, noise):
+        return []
+    return [
+        f"the served `confidence` ({calibration.confidence.kind}) has ECE {figures.ece_confidence:.3f} on the "
+        f"{figures.samples} clean test samples, above the projected probability's {figures.ece_projected:.3f} "
+        f"and above what sampling noise explains there ({noise:.3f}): its calibrator did not carry over to "
+        "new data; until a fit on more data calibrates it, read the answers' `probability`"
+    ]
 
 
 def class_coverage(calibration: Calibration, split: FusedSplit, *, coverage: float) -> list[Rate]:

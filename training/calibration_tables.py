@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from manifest import Manifest
-from training.calibrate import REPORT_COVERAGES, FusedSplit, evaluate_calibration
+from training.calibrate import REPORT_COVERAGES, FusedSplit, confidence_noise, evaluate_calibration
 from training.export import exported_evidence
 from training.metrics import coverage_band
 from training.protocol import Samples, evaluation_sets
@@ -48,7 +48,7 @@ def calibration_tables(
         report = evaluate_calibration(section, test, coverages=REPORT_COVERAGES)
         without = evaluate_calibration(section, missing, coverages=LEVELS)
         n, m = len(section.conformal.calibration_scores), report.samples
-        noise = _ece_noise(section, test)
+        noise = confidence_noise(section, test)
         summary.append(
             f"| {manifest.name} | {n} / {m} | {section.confidence.kind} | {section.conformal.score.kind} | "
             f"{report.ece_projected:.3f} | **{report.ece_confidence:.3f}** | {noise:.3f} |"
@@ -77,14 +77,6 @@ def calibration_tables(
         + "\n".join(sets)
         + "\n"
     )
-
-
-def _ece_noise(section, test: FusedSplit) -> float:
-    """The ECE that a perfectly calibrated confidence, with the test samples' confidences, exceeds one time
-    in 20: how small an ECE this test split can tell from noise (:func:`calibration.ece_noise`)."""
-    from calibration import ece_noise
-
-    return ece_noise(section.applied().confidence(test.clean.belief, test.clean.uncertainty))
 
 
 def _resplit_coverage(

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 
-from calibration import ece_noise
 from manifest import CalibrationSamples, Manifest
 from training.architecture import Candidate, HeadChoice
 from training.calibrate import REPORT_COVERAGES, CalibrationReport, class_coverage, evaluate_calibration
@@ -287,7 +286,7 @@ def confidence_and_sets(report: FitReport, manifest: Manifest) -> Section:
     and conflictive."""
     evaluation, section, fitted_on = report.evaluation, manifest.calibration, report.post_hoc.fitted_on
     measured = evaluate_calibration(section, report.test, coverages=REPORT_COVERAGES)  # the manifest's bins
-    noise = ece_noise(section.applied().confidence(report.test.clean.belief, report.test.clean.uncertainty))
+    noise = report.confidence_noise
     before, after = measured.reliability_projected, measured.reliability_confidence
 
     def reliability_draw(canvas) -> None:

@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from manifest import FusionDefaults, Manifest, Metrics, OutOfRange, ViewEntry
+from manifest import Calibration, FusionDefaults, Manifest, Metrics, OutOfRange, ViewEntry
 from training.architecture import HeadChoice, Outvoted
 from training.baseline import Comparison
-from training.calibrate import FusedSplit, PostHoc
+from training.calibrate import FusedSplit, PostHoc, confidence_noise, confidence_warnings
 from training.crossfit import CrossFitted
 from training.data import MultiViewData
 from training.evaluate import Evaluation
@@ -87,9 +87,20 @@ class FitReport:
             + self._squeezed()
             + self.post_hoc.warnings()
             + flag
+            + confidence_warnings(self.calibration, noise=self.confidence_noise)
             + self._copies()
             + folds
         )
+
+    @cached_property
+    def calibration(self) -> Calibration:
+        """The manifest's calibration section, with its figures on the test split."""
+        return self.post_hoc.calibration_section(self.test)
+
+    @cached_property
+    def confidence_noise(self) -> float:
+        """The ECE a perfectly calibrated ``confidence`` exceeds one time in 20 on the clean test samples."""
+        return confidence_noise(self.calibration, self.test)
 
     def _still_improving(self) -> list[str]:
         """A run that the epoch cap or the time limit ended while its validation loss still improved."""
@@ -195,7 +206,7 @@ class FitReport:
             views=views,
             fusion=FusionDefaults(method=self.config.method, lam=self.config.lam),
             conflict_flag=self.post_hoc.conflict_flag(self.test),
-            calibration=self.post_hoc.calibration_section(self.test),
+            calibration=self.calibration,
             out_of_range=OutOfRange(),  # written out: the threshold is part of the model's contract
             metrics=self.metrics,
             training=self.training(),

@@ -817,6 +817,33 @@ def _post_hoc():
     )
 
 
+@pytest.mark.parametrize(
+    ("confidence", "projected", "warned"),
+    [(0.173, 0.098, True), (0.130, 0.098, False), (0.173, 0.200, False)],
+    ids=["worse than both", "within noise", "better than projected"],
+)
+def test_a_confidence_calibrated_worse_than_the_raw_probability_beyond_noise_is_warned_about(
+    confidence, projected, warned
+):
+    """An audit's fit served a `confidence` of ECE 0.173 on its test samples, where the projected
+    probability it was fitted to improve had 0.098 and noise explains up to 0.144: the card gave the three
+    figures and said nothing. Worse than both is warned about; within noise, or better than the
+    probability, is not."""
+    from training.calibrate import confidence_warnings
+
+    section = Manifest.model_validate_json(
+        (Path(__file__).resolve().parents[2] / "models" / "handwritten" / "manifest.json").read_text()
+    ).calibration
+    figures = section.test.model_copy(update={"ece_confidence": confidence, "ece_projected": projected})
+    notes = confidence_warnings(section.model_copy(update={"test": figures}), noise=0.144)
+    said = (
+        f"the served `confidence` (isotonic) has ECE {confidence:.3f} on the {figures.samples} clean test "
+        f"samples, above the projected probability's {projected:.3f} and above what sampling noise explains "
+        "there (0.144): its calibrator did not carry over"
+    )
+    assert [said in note for note in notes] == ([True] if warned else [])
+
+
 def test_a_tiny_flag_threshold_is_shown_as_it_is_not_as_zero():
     """A probe with a view constant but for 3 of 300 samples: its head gave no evidence, the fused
     conflict stayed near 0, and the flag's threshold, 2.47e-05, was shown as "`max_conflict` >= 0.0000",
