@@ -631,6 +631,37 @@ def squeezed_features(sets: EvaluationSets, *, rows: int = 2000) -> dict[str, tu
     return found
 
 
+def duplicated_views(sets: EvaluationSets) -> list[tuple[str, str]]:
+    """The pairs of views holding the same scaled features in every training sample (a view given twice,
+    or once more in other units: scaling makes the copies equal), in view order.
+
+    >>> image = np.arange(40, dtype=np.float32).reshape(20, 2)
+    >>> views = {"image": image, "pixels": image * 1000, "other": image[::-1].copy()}
+    >>> data = MultiViewData(views=views, labels=np.arange(20) % 2, class_names=("a", "b"), name="toy")
+    >>> duplicated_views(evaluation_sets(data, seed=0))
+    [('image', 'pixels')]
+    """
+    rows = sets.train.rows
+    names = list(sets.views)
+    found = []
+    for i, first in enumerate(names):
+        for second in names[i + 1 :]:
+            a, b = sets.views[first], sets.views[second]
+            if a.shape == b.shape and _equal_rows(a, b, rows):
+                found.append((first, second))
+    return found
+
+
+def _equal_rows(a: np.ndarray, b: np.ndarray, rows: np.ndarray) -> bool:
+    """Whether scaled ``a`` and ``b`` hold the same values in ``rows`` (NaN equal to NaN; within float32's
+    rounding of scaling, for a copy in other units), a chunk at a time."""
+    step = _chunk_rows(a.shape[1])
+    return all(
+        np.allclose(a[chunk], b[chunk], rtol=0.0, atol=1e-6, equal_nan=True)
+        for chunk in (rows[start : start + step] for start in range(0, rows.size, step))
+    )
+
+
 def copies_in_test(sets: EvaluationSets) -> int:
     """How many clean test samples are exact copies (every view's features, missing ones too) of a training
     or validation sample: their test figures measure memory, not generalisation.

@@ -16,7 +16,7 @@ from training.crossfit import CrossFitted
 from training.data import MultiViewData
 from training.evaluate import Evaluation
 from training.export import provenance
-from training.protocol import SQUEEZE, EvaluationSets, copies_in_test, squeezed_features
+from training.protocol import SQUEEZE, EvaluationSets, copies_in_test, duplicated_views, squeezed_features
 from training.train import EarlyStopping, History, TrainConfig
 
 __all__ = ["FitReport"]
@@ -89,6 +89,7 @@ class FitReport:
             + flag
             + confidence_warnings(self.calibration, noise=self.confidence_noise)
             + self._copies()
+            + self._duplicated_views()
             + folds
         )
 
@@ -145,6 +146,17 @@ class FitReport:
             "they are one sample recorded twice, every test figure here is optimistic, so drop duplicate "
             "samples before fitting; where distinct samples can share all their features (categories, "
             "counts, coarse rounding), such copies are expected and the figures hold"
+        ]
+
+    def _duplicated_views(self) -> list[str]:
+        """Views given twice: fusion counts one view's evidence twice, and the two copies never conflict, so
+        they outvote the other views and a failure of that modality raises no conflict."""
+        return [
+            f"`{first}` and `{second}` hold the same features in every training sample (one view given twice, "
+            "or once more in other units): fusion counts its evidence twice and the copies never disagree, so "
+            "they outvote the other views and hide a failure of that modality from the conflict flag; leave "
+            "one out with `--views`"
+            for first, second in duplicated_views(self.sets)
         ]
 
     def training(self) -> dict[str, object]:

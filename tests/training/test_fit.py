@@ -293,6 +293,19 @@ def test_a_weak_view_does_not_outvote_a_strong_one(tmp_path, capsys):
     assert re.search(rf"out of fold \(5 models\) \({rate} against {rate}\): {rate}, kept", card)
 
 
+def test_a_view_given_twice_is_warned_about_even_in_other_units(tmp_path, capsys):
+    """An audit's data held one view twice: fused, its evidence counted twice and its copies never
+    disagreed, and the card said nothing. A copy in other units (millimetres for metres) is the same view
+    once scaled."""
+    views, labels = dataset()
+    views["sensor_mm"] = views["sensor"] * 1000
+    out = tmp_path / "model"
+    assert fit("--data", write_npy(tmp_path / "data", views, labels), "--out", out, *QUICK) == 0
+    said = "`sensor` and `sensor_mm` hold the same features in every training sample"
+    assert said in capsys.readouterr().err and said in (out / "card.md").read_text()
+    assert "`image` and" not in (out / "card.md").read_text()
+
+
 def test_a_useless_view_is_warned_about(tmp_path, capsys):
     # One view that tells the classes apart, three wide ones of pure noise the heads overfit to: DBF's fusion
     # of the four is below the good view alone (two narrow noise views no longer pull it down now that fit's
