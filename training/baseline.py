@@ -137,10 +137,10 @@ class Comparison:
         if not flawless:
             return []
         return [
-            f"{', '.join(flawless)} alone is right on every test sample that has it: check that no feature of "
-            "it is written from the label or after the outcome (an identifier per class, a field a later step "
-            "fills in), which the served model would not find in new data; if the task is this easy, ignore "
-            "this"
+            f"{', '.join(flawless)} alone is right on every test sample that has it: check that no "
+            "feature of it is written from the label or after the outcome (an identifier per class, a field "
+            "a later step fills in), which the served model would not find in new data; if the task is this "
+            "easy, ignore this"
         ]
 
     def _views_like_the_commonest_class(self) -> list[str]:

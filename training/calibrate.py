@@ -343,10 +343,11 @@ def confidence_warnings(calibration: Calibration, *, noise: float) -> list[str]:
     if figures is None or figures.ece_confidence <= max(figures.ece_projected, noise):
         return []
     return [
-        f"the served `confidence` ({calibration.confidence.kind}) has ECE {figures.ece_confidence:.3f} on the "
-        f"{figures.samples} clean test samples, above the projected probability's {figures.ece_projected:.3f} "
-        f"and above what sampling noise explains there ({noise:.3f}): its calibrator did not carry over to "
-        "new data; until a fit on more data calibrates it, read the answers' `probability`"
+        f"the served `confidence` ({calibration.confidence.kind}) has ECE {figures.ece_confidence:.3f} on "
+        f"the {figures.samples} clean test samples, above the projected probability's "
+        f"{figures.ece_projected:.3f} and above what sampling noise explains there ({noise:.3f}): its "
+        "calibrator did not carry over to new data; until a fit on more data calibrates it, read the "
+        "answers' `probability`"
     ]
 
 

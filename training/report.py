@@ -118,7 +118,8 @@ class FitReport:
             # A loss still falling where every answer is right is evidence still growing, not underfitting.
             return [
                 f"{said}; the fused model is right on every test sample, so more training would make its "
-                f"opinions more certain rather than more accurate: raise `{option}` if its uncertainty matters"
+                f"opinions more certain rather than more accurate: raise `{option}` if its uncertainty "
+                "matters"
             ]
         return [f"{said}: the model may be underfitted; raise `{option}`"]
 
@@ -152,10 +153,10 @@ class FitReport:
         """Views given twice: fusion counts one view's evidence twice, and the two copies never conflict, so
         they outvote the other views and a failure of that modality raises no conflict."""
         return [
-            f"`{first}` and `{second}` hold the same features in every training sample (one view given twice, "
-            "or once more in other units): fusion counts its evidence twice and the copies never disagree, so "
-            "they outvote the other views and hide a failure of that modality from the conflict flag; leave "
-            "one out with `--views`"
+            f"`{first}` and `{second}` hold the same features in every training sample (one view given "
+            "twice, or once more in other units): fusion counts its evidence twice and the copies never "
+            "disagree, so they outvote the other views and hide a failure of that modality from the conflict "
+            "flag; leave one out with `--views`"
             for first, second in duplicated_views(self.sets)
         ]
 

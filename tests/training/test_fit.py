@@ -377,7 +377,7 @@ def test_a_run_cut_while_improving_is_called_underfitted_only_where_it_answers_w
     rng = np.random.default_rng(1)
     codes = np.searchsorted(CLASSES, labels)
     views = {
-        name: (separation * rng.normal(size=(len(CLASSES), view.shape[1]))[codes] + rng.normal(size=view.shape))
+        name: separation * rng.normal(size=(len(CLASSES), view.shape[1]))[codes] + rng.normal(size=view.shape)
         for name, view in views.items()
     }
     out = tmp_path / "model"
