@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -95,6 +95,7 @@ def _samples(samples: Sequence[Features] | Mapping[str, Any]) -> Sequence[Featur
                 "sequence of per-sample mappings {view: features}"
             )
         return [{name: None if v is None else v[i] for name, v in columns.items()} for i in range(rows.pop())]
+    samples = list(samples)  # a generator too: checked, then sent (the check alone would use it up)
     if not all(isinstance(sample, Mapping) for sample in samples):
         raise ValueError("samples are a sequence of per-sample mappings {view: features}")
     return samples
@@ -106,7 +107,16 @@ def _views(sample: Features) -> dict[str, list]:
     for name, values in sample.items():
         if values is None:
             continue
-        array = np.asarray(values)
+        try:
+            array = np.asarray(values)
+            if array.ndim == 0 and array.dtype.kind == "O" and isinstance(values, Iterable):
+                array = np.asarray(list(values))  # a generator: numpy makes one object of it
+        except ValueError as error:  # ragged lists
+            raise ValueError(f"view {name!r}: {error}") from None
+        if array.dtype.kind == "b":
+            array = array.astype(np.uint8)  # 0 and 1, as fit reads them: JSON's true is no number
+        elif array.dtype.kind == "c":
+            raise ValueError(f"view {name!r}: complex numbers ({array.dtype}); features are real numbers")
         if array.size and array.dtype.kind == "f" and not np.isfinite(array).all():
             if np.isnan(array).all():
                 continue
@@ -180,8 +190,9 @@ class Client:
     DBFError
         An error answer of the service.
     ValueError
-        Features that cannot be sent (NaN or infinity among a view's numbers, a matrix for one sample),
-        before anything is sent.
+        Features that cannot be sent (NaN or infinity among a view's numbers, a matrix for one sample,
+        ragged lists, complex numbers), before anything is sent. Bools are sent as 0 and 1, as fit reads
+        them; features, and samples, may be generators.
     httpx.TransportError
         A service that cannot be reached (``ConnectError``), or answers later than ``timeout``
         (``TimeoutException``).

@@ -194,3 +194,20 @@ assert decode_response(answer, {{}})["label"].tolist() == [1, 2]
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_samples_and_features_given_as_iterables_or_bools_are_sent_as_they_mean(url):
+    """A generator of samples was used up by the client's check of them, and the service was sent none (a
+    400: 'samples' is empty); features as a generator, or complex, raised msgspec's TypeError, which names
+    no view, and ragged ones numpy's ValueError, which names none either; bools (fit reads them as 0 and 1)
+    were sent as JSON true and false, which the service refuses."""
+    with Client(url) as client:
+        expected = client.predict_batch([CUB, CUB])
+        assert client.predict_batch(dict(CUB) for _ in range(2)) == expected
+        text = CUB["text"].tolist()
+        assert client.predict({"image": CUB["image"], "text": iter(text)}) == expected.predictions[0]
+        assert client.predict({"image": CUB["image"], "text": np.zeros(300, bool)}) == expected.predictions[0]
+        with pytest.raises(ValueError, match="view 'text': complex"):
+            client.predict({"text": np.zeros(300, complex)})
+        with pytest.raises(ValueError, match="view 'text': "):
+            client.predict({"text": [[0.0], [0.0, 1.0]]})
