@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import numbers
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -40,6 +42,9 @@ _ERROR = msgspec.json.Decoder(ErrorBody)
 _JSON = {"content-type": "application/json"}
 # The longest wait a Retry-After may ask for before a retry: a longer one is the caller's to decide.
 _LONGEST_WAIT = 30.0
+# Retry-After in seconds (RFC 9110: digits; a fraction taken too). Python's float would read "nan", "-5",
+# "inf" and "1_0" as well.
+_SECONDS = re.compile(r"[0-9]+(\.[0-9]+)?")
 
 
 class DBFError(Exception):
@@ -151,17 +156,23 @@ def _checked(response: httpx.Response) -> bytes:
 
 
 def _retry_after(response: httpx.Response) -> float | None:
-    try:
-        return float(response.headers["retry-after"])
-    except (KeyError, ValueError):  # none, or an HTTP date: not ours to give
-        return None
+    value = response.headers.get("retry-after", "").strip()
+    # None when there is none, or an HTTP date, or what is no number of seconds: not ours to give
+    return float(value) if _SECONDS.fullmatch(value) else None
 
 
 def _wait(error: DBFError, attempt: int, retries: int) -> float | None:
     """How long to wait before trying again after ``error`` (a 503 that says when), or None: raise it."""
     if error.status != 503 or error.retry_after is None or attempt >= retries:
         return None
-    return min(error.retry_after, _LONGEST_WAIT)
+    # A longer wait is raised: retrying sooner than asked would only be shed again.
+    return error.retry_after if error.retry_after <= _LONGEST_WAIT else None
+
+
+def _retries(retries: int) -> int:
+    if isinstance(retries, bool) or not isinstance(retries, numbers.Integral) or retries < 0:
+        raise ValueError(f"retries must be a whole number of at least 0, got {retries!r}")
+    return int(retries)
 
 
 class Client:
@@ -179,7 +190,8 @@ class Client:
         ``DBF_API_KEY``, sent as ``Authorization: Bearer <key>``.
     retries : int
         How many times a 503 that says when to retry (``Retry-After``: overloaded, models not ready) is
-        retried after waiting that long (at most 30 s); 0: never, the ``DBFError`` is raised.
+        retried after waiting that long; 0: never, the ``DBFError`` is raised. One that asks for more than
+        30 s is raised at once (its ``retry_after`` says how long: the caller's to decide).
     timeout : float
         Seconds for each of connecting, sending and reading.
     **httpx_options
@@ -209,7 +221,7 @@ class Client:
     ) -> None:
         headers = {**_headers(api_key), **httpx_options.pop("headers", {})}
         self._http = httpx.Client(base_url=base_url, timeout=timeout, headers=headers, **httpx_options)
-        self.retries = retries
+        self.retries = _retries(retries)
 
     def predict(
         self,
@@ -287,7 +299,7 @@ class AsyncClient:
     ) -> None:
         headers = {**_headers(api_key), **httpx_options.pop("headers", {})}
         self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout, headers=headers, **httpx_options)
-        self.retries = retries
+        self.retries = _retries(retries)
 
     async def predict(
         self,

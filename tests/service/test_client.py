@@ -7,6 +7,7 @@ import contextlib
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -178,6 +179,7 @@ def test_the_client_and_the_v2_codec_need_numpy_httpx_and_msgspec_only():
     )  # fmt: skip
     script = f"""
 import sys
+import threading
 
 class Refuse:
     def find_spec(self, name, path=None, target=None):
@@ -211,3 +213,97 @@ def test_samples_and_features_given_as_iterables_or_bools_are_sent_as_they_mean(
             client.predict({"text": np.zeros(300, complex)})
         with pytest.raises(ValueError, match="view 'text': "):
             client.predict({"text": [[0.0], [0.0, 1.0]]})
+
+
+# --- against servers that answer as a broken deployment does --------------------------------------------
+
+_OVERLOADED = b'{"error": {"type": "overloaded", "message": "busy"}}'
+
+
+def _answer(status: str, body: bytes, *headers: str) -> bytes:
+    head = "".join(f"{header}\r\n" for header in headers)
+    return (
+        f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n{head}\r\n".encode() + body
+    )
+
+
+@contextlib.contextmanager
+def _server(answer: bytes | None, seen: list[bytes] | None = None) -> Iterator[str]:
+    """A loopback HTTP server that reads each request (head and Content-Length body), appends it to ``seen``
+    and sends ``answer`` as it is (None: closes the connection unanswered); yields its base URL."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.05)  # to see the block end
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(5)
+                request = b""
+                while b"\r\n\r\n" not in request and (chunk := conn.recv(65536)):
+                    request += chunk
+                head, _, body = request.partition(b"\r\n\r\n")
+                length = next(
+                    (int(f.split(b":")[1]) for f in head.lower().split(b"\r\n") if f.startswith(b"content-length:")),
+                    0,
+                )
+                while len(body) < length and (chunk := conn.recv(65536)):
+                    body += chunk
+                if seen is not None:
+                    seen.append(head + b"\r\n\r\n" + body)
+                if answer is not None:
+                    conn.sendall(answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        done.set()
+        thread.join(timeout=5)
+        listener.close()
+
+
+def _predict_with(kind: type, base: str, **options: object) -> Prediction:
+    """One sample predicted by a fresh ``Client`` or ``AsyncClient`` on ``base``."""
+    if kind is Client:
+        with Client(base, **options) as client:
+            return client.predict({"a": [1.0]})
+
+    async def scenario() -> Prediction:
+        async with AsyncClient(base, **options) as client:
+            return await client.predict({"a": [1.0]})
+
+    return asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("kind", [Client, AsyncClient])
+@pytest.mark.parametrize(
+    ("value", "retry_after"), [("nan", None), ("-5", None), ("1_0", None), ("inf", None), ("31", 31.0)]
+)
+def test_a_retry_after_that_is_no_short_wait_is_raised_at_once(kind, value, retry_after):
+    """Retry-After is an HTTP date or whole seconds (RFC 9110). Read as Python's float, 'nan' and '-5' made
+    the sync client's sleep raise ValueError and the async one retry at once, and '1_0' was 10 s; a wait
+    longer than the longest the client waits (30 s; inf too) was cut to 30 s and retried, sooner than the
+    service asked. Such a 503 is now raised at once: a longer wait is the caller's to decide."""
+    seen: list[bytes] = []
+    answer = _answer("503 Service Unavailable", _OVERLOADED, f"Retry-After: {value}")
+    with _server(answer, seen) as base:
+        started = time.monotonic()
+        with pytest.raises(DBFError) as error:
+            _predict_with(kind, base, retries=3)
+    assert (error.value.status, error.value.type, error.value.retry_after) == (503, "overloaded", retry_after)
+    assert len(seen) == 1 and time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("kind", [Client, AsyncClient])
+@pytest.mark.parametrize("retries", [-1, 1.5, True])
+def test_retries_that_are_no_count_are_refused_when_the_client_is_made(kind, retries):
+    """retries=-1 made predict raise AssertionError('unreachable') without sending anything; 1.5 a
+    TypeError at the first request."""
+    with pytest.raises(ValueError, match="retries must be a whole number"):
+        kind("http://127.0.0.1:1", retries=retries)
