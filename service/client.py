@@ -38,7 +38,10 @@ PredictResult = PredictResponse  # model, method, lam, views, predictions
 __all__ = ["AsyncClient", "Client", "DBFError", "Prediction", "PredictResult", "ViewOpinion"]
 
 _RESULT = msgspec.json.Decoder(PredictResponse)
+_MODELS = msgspec.json.Decoder(dict[str, Any])
 _ERROR = msgspec.json.Decoder(ErrorBody)
+# The most characters of an answer that is not the service's (a proxy's page) an error's message quotes.
+_QUOTED = 300
 _JSON = {"content-type": "application/json"}
 # The longest wait a Retry-After may ask for before a retry: a longer one is the caller's to decide.
 _LONGEST_WAIT = 30.0
@@ -56,7 +59,10 @@ class DBFError(Exception):
         The HTTP status (400 bad input, 401 no or a wrong key, 404 no such model, 413 too large, 503
         overloaded or not ready...).
     type : str
-        The error body's reason (``invalid_input``, ``model_not_found``, ``overloaded``...).
+        The error body's reason (``invalid_input``, ``model_not_found``, ``overloaded``...);
+        ``http_error`` for an error answer that is not the service's (a proxy's page: the message quotes
+        its start), ``invalid_response`` for a success whose body is not the v1 API's answer (a captive
+        portal's page, another service's JSON).
     message : str
         What was wrong, naming the sample and view where one is at fault.
     retry_after : float or None
@@ -151,8 +157,24 @@ def _checked(response: httpx.Response) -> bytes:
     try:
         error = _ERROR.decode(response.content).error
     except (msgspec.DecodeError, msgspec.ValidationError):
-        raise DBFError(response.status_code, "http_error", response.text, retry_after) from None
+        raise DBFError(response.status_code, "http_error", _quoted(response), retry_after) from None
     raise DBFError(response.status_code, error.type, error.message, retry_after)
+
+
+def _decoded(decoder: msgspec.json.Decoder, response: httpx.Response) -> Any:
+    """A success's body as ``decoder`` reads it; a `DBFError` when it cannot (not an answer of the API)."""
+    content = _checked(response)
+    try:
+        return decoder.decode(content)
+    except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        message = f"not an answer of the v1 API ({error}): {_quoted(response)}"
+        raise DBFError(response.status_code, "invalid_response", message) from None
+
+
+def _quoted(response: httpx.Response) -> str:
+    """An answer's body, its start only when long (a proxy's page would fill every log line it is in)."""
+    text = response.text
+    return text if len(text) <= _QUOTED else f"{text[:_QUOTED]}... ({len(response.content)} bytes)"
 
 
 def _retry_after(response: httpx.Response) -> float | None:
@@ -254,7 +276,7 @@ class Client:
         content = _body(samples, method, lam, coverage)
         for attempt in range(self.retries + 1):
             try:
-                return _RESULT.decode(_checked(self._http.post(_path(model), content=content, headers=_JSON)))
+                return _decoded(_RESULT, self._http.post(_path(model), content=content, headers=_JSON))
             except DBFError as error:
                 wait = _wait(error, attempt, self.retries)
                 if wait is None:
@@ -264,7 +286,7 @@ class Client:
 
     def models(self) -> dict[str, Any]:
         """The models served: ``{"default": name or None, "models": [{"name", "views", "classes", ...}]}``."""
-        return msgspec.json.decode(_checked(self._http.get("/v1/models")))
+        return _decoded(_MODELS, self._http.get("/v1/models"))
 
     def ready(self) -> bool:
         """Whether the service answers and has its models loaded (False if it cannot be reached)."""
@@ -329,7 +351,7 @@ class AsyncClient:
         for attempt in range(self.retries + 1):
             try:
                 response = await self._http.post(_path(model), content=content, headers=_JSON)
-                return _RESULT.decode(_checked(response))
+                return _decoded(_RESULT, response)
             except DBFError as error:
                 wait = _wait(error, attempt, self.retries)
                 if wait is None:
@@ -339,7 +361,7 @@ class AsyncClient:
 
     async def models(self) -> dict[str, Any]:
         """The models served (`Client.models`)."""
-        return msgspec.json.decode(_checked(await self._http.get("/v1/models")))
+        return _decoded(_MODELS, await self._http.get("/v1/models"))
 
     async def ready(self) -> bool:
         """Whether the service answers and has its models loaded (False if it cannot be reached)."""

@@ -307,3 +307,42 @@ def test_retries_that_are_no_count_are_refused_when_the_client_is_made(kind, ret
     TypeError at the first request."""
     with pytest.raises(ValueError, match="retries must be a whole number"):
         kind("http://127.0.0.1:1", retries=retries)
+
+
+_NOT_V1 = {
+    "a proxy's page with 200": ("200 OK", b"<html><body>Sign in to the network</body></html>"),
+    "an empty 200": ("200 OK", b""),
+    "a 204": ("204 No Content", b""),
+    "another service's JSON": ("200 OK", b'{"model": "m"}'),
+    "a JSON array": ("200 OK", b"[]"),
+}
+
+
+@pytest.mark.parametrize("kind", [Client, AsyncClient])
+@pytest.mark.parametrize("case", _NOT_V1)
+def test_an_answer_that_is_not_the_v1_apis_raises_dbf_error(kind, case):
+    """A success status whose body is not a v1 answer (a captive portal's page, a wrong base URL's service)
+    raised msgspec's DecodeError or ValidationError, which the client's documentation never names."""
+    status, body = _NOT_V1[case]
+    with _server(_answer(status, body)) as base, pytest.raises(DBFError) as error:
+        _predict_with(kind, base)
+    assert (error.value.status, error.value.type) == (int(status[:3]), "invalid_response")
+    assert "not an answer of the v1 API" in error.value.message
+
+
+@pytest.mark.parametrize("body", [b"<html>Sign in</html>", b""])
+def test_models_that_are_not_json_raise_dbf_error(body):
+    with _server(_answer("200 OK", body)) as base, Client(base) as client, pytest.raises(DBFError) as error:
+        client.models()
+    assert (error.value.status, error.value.type) == (200, "invalid_response")
+
+
+def test_a_proxys_long_error_page_is_quoted_in_short():
+    """A proxy's 502 page was the error's whole message: a megabyte of HTML in every log line."""
+    page = b"<html>" + b"x" * 1_000_000 + b"</html>"
+    with _server(_answer("502 Bad Gateway", page, "Content-Type: text/html")) as base, Client(base) as client:
+        with pytest.raises(DBFError) as error:
+            client.predict({"a": [1.0]})
+    assert (error.value.status, error.value.type) == (502, "http_error")
+    assert error.value.message.startswith("<html>xxx") and "1000013 bytes" in error.value.message
+    assert len(str(error.value)) < 1000
