@@ -147,7 +147,19 @@ def _path(model: str | None) -> str:
 
 
 def _headers(api_key: str | None) -> dict[str, str]:
-    return {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
+    """The key's header, the key read as the service reads ``DBF_API_KEY``; a key no service has is refused
+    here, never quoted (httpx's error for an illegal header value quotes it, and logs keep errors)."""
+    if api_key is None:
+        return {}
+    key = api_key.strip()  # a key from a file, or a Kubernetes secret, often ends in a line break
+    if not key:
+        raise ValueError("api_key is empty: give the service's DBF_API_KEY, or None when it has none")
+    if not all(" " <= character <= "~" for character in key):
+        raise ValueError(
+            "api_key holds a character that is not printable ASCII (an accent, a line break): no service's "
+            "DBF_API_KEY does"
+        )
+    return {"Authorization": f"Bearer {key}"}
 
 
 def _checked(response: httpx.Response) -> bytes:
@@ -209,7 +221,9 @@ class Client:
     base_url : str
         The service's address.
     api_key : str, optional
-        ``DBF_API_KEY``, sent as ``Authorization: Bearer <key>``.
+        ``DBF_API_KEY``, sent as ``Authorization: Bearer <key>``; surrounding whitespace (a file's line
+        break) is stripped, as the service strips it. Empty, or not printable ASCII, it raises
+        ``ValueError`` here (the key never quoted).
     retries : int
         How many times a 503 that says when to retry (``Retry-After``: overloaded, models not ready) is
         retried after waiting that long; 0: never, the ``DBFError`` is raised. One that asks for more than

@@ -346,3 +346,20 @@ def test_a_proxys_long_error_page_is_quoted_in_short():
     assert (error.value.status, error.value.type) == (502, "http_error")
     assert error.value.message.startswith("<html>xxx") and "1000013 bytes" in error.value.message
     assert len(str(error.value)) < 1000
+
+
+@pytest.mark.parametrize("kind", [Client, AsyncClient])
+def test_a_key_is_read_as_the_service_reads_it_and_never_repeated(kind):
+    """A key read from a file ends in a line break, which the service strips from DBF_API_KEY: the client
+    sent it as it was, and httpx refused the header with the key in its message (LocalProtocolError:
+    Illegal header value b'Bearer s3cret\\n'): a secret in the log. An empty key went as 'Bearer ', and
+    one not ASCII raised UnicodeEncodeError, each at the first request rather than where it was given."""
+    seen: list[bytes] = []
+    with _server(_answer("200 OK", b'{"default": null, "models": []}'), seen) as base:
+        with Client(base, api_key=" s3cret\n") as client:
+            client.models()
+    assert b"\r\nauthorization: Bearer s3cret\r\n" in seen[0].replace(b"Authorization", b"authorization")
+    for key in ("", " \n", "s3\ncret", "s3cr\u00e9t"):
+        with pytest.raises(ValueError, match="api_key") as error:
+            kind("http://127.0.0.1:1", api_key=key)
+        assert "s3" not in str(error.value) and "cret" not in str(error.value)
