@@ -146,6 +146,18 @@ def _path(model: str | None) -> str:
     return "/predict" if model is None else f"/v1/models/{quote(model, safe='')}/predict"
 
 
+def _check_base_url(base_url: str) -> None:
+    """Refuse a base URL that is not HTTP's ('127.0.0.1:8000', as tritonclient takes it): httpx would
+    refuse each request, and `Client.ready` say False as for a service that is down."""
+    scheme = httpx.URL(base_url).scheme
+    if scheme not in ("http", "https"):
+        # Its scheme only: the URL may hold a user's password.
+        raise ValueError(
+            f"base_url must start with http:// or https://, as http://127.0.0.1:8000 does (its scheme: "
+            f"{scheme!r})"
+        )
+
+
 def _headers(api_key: str | None) -> dict[str, str]:
     """The key's header, the key read as the service reads ``DBF_API_KEY``; a key no service has is refused
     here, never quoted (httpx's error for an illegal header value quotes it, and logs keep errors)."""
@@ -219,7 +231,8 @@ class Client:
     Parameters
     ----------
     base_url : str
-        The service's address.
+        The service's address, ``http://`` or ``https://`` (``ValueError`` otherwise), with the path
+        prefix it is served under, if any (``https://host/dbf`` behind an ingress at ``/dbf/``).
     api_key : str, optional
         ``DBF_API_KEY``, sent as ``Authorization: Bearer <key>``; surrounding whitespace (a file's line
         break) is stripped, as the service strips it. Empty, or not printable ASCII, it raises
@@ -256,6 +269,7 @@ class Client:
         **httpx_options: Any,
     ) -> None:
         headers = {**_headers(api_key), **httpx_options.pop("headers", {})}
+        _check_base_url(base_url)
         self._http = httpx.Client(base_url=base_url, timeout=timeout, headers=headers, **httpx_options)
         self.retries = _retries(retries)
 
@@ -334,6 +348,7 @@ class AsyncClient:
         **httpx_options: Any,
     ) -> None:
         headers = {**_headers(api_key), **httpx_options.pop("headers", {})}
+        _check_base_url(base_url)
         self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout, headers=headers, **httpx_options)
         self.retries = _retries(retries)
 

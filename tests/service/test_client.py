@@ -363,3 +363,12 @@ def test_a_key_is_read_as_the_service_reads_it_and_never_repeated(kind):
         with pytest.raises(ValueError, match="api_key") as error:
             kind("http://127.0.0.1:1", api_key=key)
         assert "s3" not in str(error.value) and "cret" not in str(error.value)
+
+
+@pytest.mark.parametrize("kind", [Client, AsyncClient])
+@pytest.mark.parametrize("base", ["127.0.0.1:8000", "localhost:8000", "ftp://127.0.0.1"])
+def test_a_base_url_that_is_not_http_is_refused_when_the_client_is_made(kind, base):
+    """'127.0.0.1:8000' (as tritonclient takes it) raised httpx's UnsupportedProtocol at each request,
+    and ready() said False, as for a service that is down: a wrong setting looked like an outage."""
+    with pytest.raises(ValueError, match=r"base_url must start with http:// or https://"):
+        kind(base)
