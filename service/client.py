@@ -143,7 +143,14 @@ def _views(sample: Features) -> dict[str, list]:
 
 
 def _path(model: str | None) -> str:
-    return "/predict" if model is None else f"/v1/models/{quote(model, safe='')}/predict"
+    if model is None:
+        return "/predict"
+    if not model:
+        raise ValueError("model is empty: give a model's name, or None for the service's default")
+    name = quote(model, safe="")
+    # "." and ".." would be dot segments, which httpx resolves (model ".." asked for /v1/predict); escaped,
+    # they are names
+    return f"/v1/models/{name.replace('.', '%2E') if name in ('.', '..') else name}/predict"
 
 
 def _check_base_url(base_url: str) -> None:

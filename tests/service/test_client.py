@@ -372,3 +372,15 @@ def test_a_base_url_that_is_not_http_is_refused_when_the_client_is_made(kind, ba
     and ready() said False, as for a service that is down: a wrong setting looked like an outage."""
     with pytest.raises(ValueError, match=r"base_url must start with http:// or https://"):
         kind(base)
+
+
+def test_a_model_named_with_dots_is_asked_for_by_name(url):
+    """'.' and '..' went into the path as they were, and httpx resolved them as dot segments: model='..'
+    asked for /v1/predict (404 'no endpoint /v1/predict'). An empty name asked for /v1/models//predict."""
+    with Client(url) as client:
+        for name in (".", ".."):
+            with pytest.raises(DBFError, match=f"404 model_not_found: no model named '{name}'"):
+                client.predict(CUB, model=name)
+        with pytest.raises(ValueError, match="model is empty"):
+            client.predict(CUB, model="")
+
