@@ -40,6 +40,9 @@ __all__ = ["AsyncClient", "Client", "DBFError", "Prediction", "PredictResult", "
 _RESULT = msgspec.json.Decoder(PredictResponse)
 _MODELS = msgspec.json.Decoder(dict[str, Any])
 _ERROR = msgspec.json.Decoder(ErrorBody)
+# An answer's most bytes, by default: the service's largest, DBF_MAX_ANSWER_VALUES numbers at its default
+# (2**20), take some 25 MiB of JSON; beyond 256 MiB, a broken server's endless body is cut off.
+_MOST_ANSWER_BYTES = 256 << 20
 # The most characters of an answer that is not the service's (a proxy's page) an error's message quotes.
 _QUOTED = 300
 _JSON = {"content-type": "application/json"}
@@ -62,7 +65,8 @@ class DBFError(Exception):
         The error body's reason (``invalid_input``, ``model_not_found``, ``overloaded``...);
         ``http_error`` for an error answer that is not the service's (a proxy's page: the message quotes
         its start), ``invalid_response`` for a success whose body is not the v1 API's answer (a captive
-        portal's page, another service's JSON).
+        portal's page, another service's JSON), ``answer_too_large`` for an answer longer than the
+        client's ``max_answer_bytes``.
     message : str
         What was wrong, naming the sample and view where one is at fault.
     retry_after : float or None
@@ -181,31 +185,43 @@ def _headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-def _checked(response: httpx.Response) -> bytes:
-    if response.is_success:
-        return response.content
-    retry_after = _retry_after(response)
-    try:
-        error = _ERROR.decode(response.content).error
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        raise DBFError(response.status_code, "http_error", _quoted(response), retry_after) from None
-    raise DBFError(response.status_code, error.type, error.message, retry_after)
-
-
-def _decoded(decoder: msgspec.json.Decoder, response: httpx.Response) -> Any:
-    """A success's body as ``decoder`` reads it; a `DBFError` when it cannot (not an answer of the API)."""
-    content = _checked(response)
+def _decoded(decoder: msgspec.json.Decoder, response: httpx.Response, content: bytes) -> Any:
+    """A success's body ``content`` as ``decoder`` reads it; a `DBFError` for an error answer, or for a
+    success that is not an answer of the API."""
+    if not response.is_success:
+        retry_after = _retry_after(response)
+        try:
+            error = _ERROR.decode(content).error
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            raise DBFError(
+                response.status_code, "http_error", _quoted(response, content), retry_after
+            ) from None
+        raise DBFError(response.status_code, error.type, error.message, retry_after)
     try:
         return decoder.decode(content)
     except (msgspec.DecodeError, msgspec.ValidationError) as error:
-        message = f"not an answer of the v1 API ({error}): {_quoted(response)}"
+        message = f"not an answer of the v1 API ({error}): {_quoted(response, content)}"
         raise DBFError(response.status_code, "invalid_response", message) from None
 
 
-def _quoted(response: httpx.Response) -> str:
+def _quoted(response: httpx.Response, content: bytes) -> str:
     """An answer's body, its start only when long (a proxy's page would fill every log line it is in)."""
-    text = response.text
-    return text if len(text) <= _QUOTED else f"{text[:_QUOTED]}... ({len(response.content)} bytes)"
+    text = content.decode(response.charset_encoding or "utf-8", errors="replace")
+    return text if len(text) <= _QUOTED else f"{text[:_QUOTED]}... ({len(content)} bytes)"
+
+
+def _grown(response: httpx.Response, content: bytearray, chunk: bytes, limit: int) -> None:
+    """Append ``chunk`` to the answer's ``content`` read so far; a `DBFError` past ``limit`` bytes."""
+    if len(content) + len(chunk) > limit:
+        message = f"an answer of more than {limit} bytes (max_answer_bytes): not read on"
+        raise DBFError(response.status_code, "answer_too_large", message)
+    content += chunk
+
+
+def _positive(name: str, count: int) -> int:
+    if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 1:
+        raise ValueError(f"{name} must be a whole number of at least 1, got {count!r}")
+    return int(count)
 
 
 def _retry_after(response: httpx.Response) -> float | None:
@@ -250,6 +266,10 @@ class Client:
         30 s is raised at once (its ``retry_after`` says how long: the caller's to decide).
     timeout : float
         Seconds for each of connecting, sending and reading.
+    max_answer_bytes : int
+        The longest answer read (256 MiB; the service's at its default limits are some 25 MiB at most):
+        a longer one raises ``DBFError`` ``answer_too_large`` once that much is in, rather than take
+        memory without end.
     **httpx_options
         Passed to ``httpx.Client`` (headers, TLS, proxies, transport).
 
@@ -273,12 +293,14 @@ class Client:
         api_key: str | None = None,
         retries: int = 0,
         timeout: float = 30.0,
+        max_answer_bytes: int = _MOST_ANSWER_BYTES,
         **httpx_options: Any,
     ) -> None:
         headers = {**_headers(api_key), **httpx_options.pop("headers", {})}
         _check_base_url(base_url)
-        self._http = httpx.Client(base_url=base_url, timeout=timeout, headers=headers, **httpx_options)
         self.retries = _retries(retries)
+        self.max_answer_bytes = _positive("max_answer_bytes", max_answer_bytes)
+        self._http = httpx.Client(base_url=base_url, timeout=timeout, headers=headers, **httpx_options)
 
     def predict(
         self,
@@ -311,7 +333,9 @@ class Client:
         content = _body(samples, method, lam, coverage)
         for attempt in range(self.retries + 1):
             try:
-                return _decoded(_RESULT, self._http.post(_path(model), content=content, headers=_JSON))
+                return _decoded(
+                    _RESULT, *self._exchange("POST", _path(model), content=content, headers=_JSON)
+                )
             except DBFError as error:
                 wait = _wait(error, attempt, self.retries)
                 if wait is None:
@@ -321,14 +345,23 @@ class Client:
 
     def models(self) -> dict[str, Any]:
         """The models served: ``{"default": name or None, "models": [{"name", "views", "classes", ...}]}``."""
-        return _decoded(_MODELS, self._http.get("/v1/models"))
+        return _decoded(_MODELS, *self._exchange("GET", "/v1/models"))
 
     def ready(self) -> bool:
         """Whether the service answers and has its models loaded (False if it cannot be reached)."""
         try:
-            return self._http.get("/ready").status_code == 200
+            with self._http.stream("GET", "/ready") as response:  # its status only: the body is not read
+                return response.status_code == 200
         except httpx.TransportError:
             return False
+
+    def _exchange(self, method: str, path: str, **options: Any) -> tuple[httpx.Response, bytes]:
+        """A request's answer and its body, read up to ``max_answer_bytes``."""
+        with self._http.stream(method, path, **options) as response:
+            content = bytearray()
+            for chunk in response.iter_bytes():  # decompressed: a gzip bomb is bounded too
+                _grown(response, content, chunk, self.max_answer_bytes)
+        return response, bytes(content)
 
     def close(self) -> None:
         """Close the client's connections (``with Client(...) as client:`` does it on leaving)."""
@@ -352,12 +385,14 @@ class AsyncClient:
         api_key: str | None = None,
         retries: int = 0,
         timeout: float = 30.0,
+        max_answer_bytes: int = _MOST_ANSWER_BYTES,
         **httpx_options: Any,
     ) -> None:
         headers = {**_headers(api_key), **httpx_options.pop("headers", {})}
         _check_base_url(base_url)
-        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout, headers=headers, **httpx_options)
         self.retries = _retries(retries)
+        self.max_answer_bytes = _positive("max_answer_bytes", max_answer_bytes)
+        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout, headers=headers, **httpx_options)
 
     async def predict(
         self,
@@ -386,8 +421,8 @@ class AsyncClient:
         content = _body(samples, method, lam, coverage)
         for attempt in range(self.retries + 1):
             try:
-                response = await self._http.post(_path(model), content=content, headers=_JSON)
-                return _decoded(_RESULT, response)
+                answer = await self._exchange("POST", _path(model), content=content, headers=_JSON)
+                return _decoded(_RESULT, *answer)
             except DBFError as error:
                 wait = _wait(error, attempt, self.retries)
                 if wait is None:
@@ -397,14 +432,23 @@ class AsyncClient:
 
     async def models(self) -> dict[str, Any]:
         """The models served (`Client.models`)."""
-        return _decoded(_MODELS, await self._http.get("/v1/models"))
+        return _decoded(_MODELS, *await self._exchange("GET", "/v1/models"))
 
     async def ready(self) -> bool:
         """Whether the service answers and has its models loaded (False if it cannot be reached)."""
         try:
-            return (await self._http.get("/ready")).status_code == 200
+            async with self._http.stream("GET", "/ready") as response:  # its status only
+                return response.status_code == 200
         except httpx.TransportError:
             return False
+
+    async def _exchange(self, method: str, path: str, **options: Any) -> tuple[httpx.Response, bytes]:
+        """A request's answer and its body, read up to ``max_answer_bytes`` (`Client._exchange`)."""
+        async with self._http.stream(method, path, **options) as response:
+            content = bytearray()
+            async for chunk in response.aiter_bytes():
+                _grown(response, content, chunk, self.max_answer_bytes)
+        return response, bytes(content)
 
     async def aclose(self) -> None:
         """Close the client's connections."""

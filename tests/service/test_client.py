@@ -248,7 +248,11 @@ def _server(answer: bytes | None, seen: list[bytes] | None = None) -> Iterator[s
                     request += chunk
                 head, _, body = request.partition(b"\r\n\r\n")
                 length = next(
-                    (int(f.split(b":")[1]) for f in head.lower().split(b"\r\n") if f.startswith(b"content-length:")),
+                    (
+                        int(f.split(b":")[1])
+                        for f in head.lower().split(b"\r\n")
+                        if f.startswith(b"content-length:")
+                    ),
                     0,
                 )
                 while len(body) < length and (chunk := conn.recv(65536)):
@@ -340,9 +344,9 @@ def test_models_that_are_not_json_raise_dbf_error(body):
 def test_a_proxys_long_error_page_is_quoted_in_short():
     """A proxy's 502 page was the error's whole message: a megabyte of HTML in every log line."""
     page = b"<html>" + b"x" * 1_000_000 + b"</html>"
-    with _server(_answer("502 Bad Gateway", page, "Content-Type: text/html")) as base, Client(base) as client:
-        with pytest.raises(DBFError) as error:
-            client.predict({"a": [1.0]})
+    answer = _answer("502 Bad Gateway", page, "Content-Type: text/html")
+    with _server(answer) as base, Client(base) as client, pytest.raises(DBFError) as error:
+        client.predict({"a": [1.0]})
     assert (error.value.status, error.value.type) == (502, "http_error")
     assert error.value.message.startswith("<html>xxx") and "1000013 bytes" in error.value.message
     assert len(str(error.value)) < 1000
@@ -355,9 +359,9 @@ def test_a_key_is_read_as_the_service_reads_it_and_never_repeated(kind):
     Illegal header value b'Bearer s3cret\\n'): a secret in the log. An empty key went as 'Bearer ', and
     one not ASCII raised UnicodeEncodeError, each at the first request rather than where it was given."""
     seen: list[bytes] = []
-    with _server(_answer("200 OK", b'{"default": null, "models": []}'), seen) as base:
-        with Client(base, api_key=" s3cret\n") as client:
-            client.models()
+    answer = _answer("200 OK", b'{"default": null, "models": []}')
+    with _server(answer, seen) as base, Client(base, api_key=" s3cret\n") as client:
+        client.models()
     assert b"\r\nauthorization: Bearer s3cret\r\n" in seen[0].replace(b"Authorization", b"authorization")
     for key in ("", " \n", "s3\ncret", "s3cr\u00e9t"):
         with pytest.raises(ValueError, match="api_key") as error:
@@ -384,3 +388,53 @@ def test_a_model_named_with_dots_is_asked_for_by_name(url):
         with pytest.raises(ValueError, match="model is empty"):
             client.predict(CUB, model="")
 
+
+@contextlib.contextmanager
+def _endless_answer(status: str) -> Iterator[tuple[str, list[int]]]:
+    """A loopback server that answers each request with ``status`` and a chunked body that never ends (a
+    megabyte at a time, until the client hangs up); yields its base URL and the bytes it got to send."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.05)  # to see the block end
+    done = threading.Event()
+    sent: list[int] = []
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn, contextlib.suppress(OSError):
+                conn.settimeout(5)
+                conn.recv(65536)
+                conn.sendall(f"HTTP/1.1 {status}\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
+                chunk = b"%x\r\n%s\r\n" % (1 << 20, b" " * (1 << 20))
+                while not done.is_set():
+                    conn.sendall(chunk)
+                    sent.append(len(chunk))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}", sent
+    finally:
+        done.set()
+        thread.join(timeout=5)
+        listener.close()
+
+
+@pytest.mark.parametrize("kind", [Client, AsyncClient])
+@pytest.mark.parametrize("status", ["200 OK", "502 Bad Gateway"])
+def test_an_answer_past_max_answer_bytes_is_not_read_on(kind, status):
+    """An answer was read whole, however long: a broken server's endless body took memory until the
+    process died, and never timed out (bytes kept coming)."""
+    with _endless_answer(status) as (base, sent), pytest.raises(DBFError) as error:
+        _predict_with(kind, base, max_answer_bytes=4 << 20)
+    assert (error.value.status, error.value.type) == (int(status[:3]), "answer_too_large")
+    assert "more than 4194304 bytes" in error.value.message
+    assert sum(sent) < 64 << 20  # the socket buffers' worth past the limit, not all it would send
+
+
+def test_max_answer_bytes_is_a_count_of_bytes():
+    with pytest.raises(ValueError, match="max_answer_bytes must be a whole number"):
+        Client(max_answer_bytes=0)
