@@ -86,7 +86,8 @@ def _body(
     method: str | None,
     lam: float | None,
     coverage: float | None,
-) -> bytes:
+) -> tuple[bytes, int]:
+    """The request's body, and how many samples it holds."""
     body: dict[str, Any] = {"samples": [{"views": _views(sample)} for sample in _samples(samples)]}
     if method is not None:
         body["method"] = method
@@ -96,7 +97,7 @@ def _body(
             if not math.isfinite(number):
                 raise ValueError(f"{key} must be a finite number, got {value!r}")
             body[key] = number
-    return msgspec.json.encode(body)
+    return msgspec.json.encode(body), len(body["samples"])
 
 
 def _samples(samples: Sequence[Features] | Mapping[str, Any]) -> Sequence[Features]:
@@ -202,6 +203,18 @@ def _decoded(decoder: msgspec.json.Decoder, response: httpx.Response, content: b
     except (msgspec.DecodeError, msgspec.ValidationError) as error:
         message = f"not an answer of the v1 API ({error}): {_quoted(response, content)}"
         raise DBFError(response.status_code, "invalid_response", message) from None
+
+
+def _predicted(response: httpx.Response, content: bytes, samples: int) -> PredictResult:
+    """A predict request's answer, one prediction for each of its ``samples`` (`_decoded`)."""
+    result = _decoded(_RESULT, response, content)
+    if len(result.predictions) != samples:
+        message = (
+            f"not an answer of the v1 API: {len(result.predictions)} predictions for {samples} "
+            f"sample{'' if samples == 1 else 's'}"
+        )
+        raise DBFError(response.status_code, "invalid_response", message)
+    return result
 
 
 def _quoted(response: httpx.Response, content: bytes) -> str:
@@ -330,12 +343,11 @@ class Client:
         default): ``samples`` a sequence of per-sample mappings, or one ``(N, d)`` matrix per view (fit's
         layout; a row all NaN for a sample without that view). The result has the model, the fusion
         used, the views and one `service.schemas.Prediction` per sample, in order."""
-        content = _body(samples, method, lam, coverage)
+        content, count = _body(samples, method, lam, coverage)
         for attempt in range(self.retries + 1):
             try:
-                return _decoded(
-                    _RESULT, *self._exchange("POST", _path(model), content=content, headers=_JSON)
-                )
+                answer = self._exchange("POST", _path(model), content=content, headers=_JSON)
+                return _predicted(*answer, count)
             except DBFError as error:
                 wait = _wait(error, attempt, self.retries)
                 if wait is None:
@@ -418,11 +430,11 @@ class AsyncClient:
         coverage: float | None = None,
     ) -> PredictResult:
         """Many samples' answers in one request (`Client.predict_batch`)."""
-        content = _body(samples, method, lam, coverage)
+        content, count = _body(samples, method, lam, coverage)
         for attempt in range(self.retries + 1):
             try:
                 answer = await self._exchange("POST", _path(model), content=content, headers=_JSON)
-                return _decoded(_RESULT, *answer)
+                return _predicted(*answer, count)
             except DBFError as error:
                 wait = _wait(error, attempt, self.retries)
                 if wait is None:

@@ -438,3 +438,14 @@ def test_an_answer_past_max_answer_bytes_is_not_read_on(kind, status):
 def test_max_answer_bytes_is_a_count_of_bytes():
     with pytest.raises(ValueError, match="max_answer_bytes must be a whole number"):
         Client(max_answer_bytes=0)
+
+
+@pytest.mark.parametrize("kind", [Client, AsyncClient])
+def test_an_answer_with_another_count_of_predictions_raises_dbf_error(kind):
+    """A v1 answer with no prediction for the sample sent made predict raise IndexError, and predict_batch
+    returned fewer predictions than samples, which a caller zipping them with its samples would not see."""
+    answer = b'{"model": "m", "method": "dbf", "lambda": 1.0, "views": ["a"], "predictions": []}'
+    with _server(_answer("200 OK", answer)) as base, pytest.raises(DBFError) as error:
+        _predict_with(kind, base)
+    assert (error.value.status, error.value.type) == (200, "invalid_response")
+    assert "0 predictions for 1 sample" in error.value.message
