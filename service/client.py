@@ -191,6 +191,12 @@ def _decoded(decoder: msgspec.json.Decoder, response: httpx.Response, content: b
     success that is not an answer of the API."""
     if not response.is_success:
         retry_after = _retry_after(response)
+        if response.is_redirect:  # an ingress sending http:// to https://, say
+            message = (
+                f"redirected to {response.headers['location']}: the client follows no redirect (which would "
+                "send the body and the key on); give the address it leads to as base_url"
+            )
+            raise DBFError(response.status_code, "http_error", message, retry_after)
         try:
             error = _ERROR.decode(content).error
         except (msgspec.DecodeError, msgspec.ValidationError):
@@ -220,6 +226,8 @@ def _predicted(response: httpx.Response, content: bytes, samples: int) -> Predic
 def _quoted(response: httpx.Response, content: bytes) -> str:
     """An answer's body, its start only when long (a proxy's page would fill every log line it is in)."""
     text = content.decode(response.charset_encoding or "utf-8", errors="replace")
+    if not text.strip():
+        return f"an empty body ({response.status_code} {response.reason_phrase})"
     return text if len(text) <= _QUOTED else f"{text[:_QUOTED]}... ({len(content)} bytes)"
 
 

@@ -449,3 +449,22 @@ def test_an_answer_with_another_count_of_predictions_raises_dbf_error(kind):
         _predict_with(kind, base)
     assert (error.value.status, error.value.type) == (200, "invalid_response")
     assert "0 predictions for 1 sample" in error.value.message
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        (
+            _answer("308 Permanent Redirect", b"", "Location: https://example.org/dbf/predict"),
+            "redirected to https://example.org/dbf/predict: the client follows no redirect",
+        ),
+        (_answer("502 Bad Gateway", b""), "an empty body (502 Bad Gateway)"),
+    ],
+    ids=["redirect", "empty 502"],
+)
+def test_an_error_answer_without_a_body_says_what_it_was(answer, message):
+    """An ingress's redirect (http:// to https://) and a proxy's empty 502 raised a DBFError whose message
+    was empty ('308 http_error: '), saying neither where to go nor what answered."""
+    with _server(answer) as base, Client(base) as client, pytest.raises(DBFError) as error:
+        client.predict({"a": [1.0]})
+    assert error.value.type == "http_error" and error.value.message.startswith(message)
