@@ -123,6 +123,8 @@ def _views(sample: Features) -> dict[str, list]:
     for name, values in sample.items():
         if values is None:
             continue
+        if isinstance(values, np.ma.MaskedArray):  # what is masked was not measured: NaN, as fit marks it
+            values = values.astype(np.float64).filled(np.nan)
         try:
             array = np.asarray(values)
             if array.ndim == 0 and array.dtype.kind == "O" and isinstance(values, Iterable):
@@ -131,6 +133,8 @@ def _views(sample: Features) -> dict[str, list]:
             raise ValueError(f"view {name!r}: {error}") from None
         if array.dtype.kind == "b":
             array = array.astype(np.uint8)  # 0 and 1, as fit reads them: JSON's true is no number
+        elif array.dtype.kind == "f" and array.dtype.itemsize > 8:
+            array = array.astype(np.float64)  # long double: its scalars are no JSON number to msgspec
         elif array.dtype.kind == "c":
             raise ValueError(f"view {name!r}: complex numbers ({array.dtype}); features are real numbers")
         if array.size and array.dtype.kind == "f" and not np.isfinite(array).all():
@@ -301,7 +305,7 @@ class Client:
     ValueError
         Features that cannot be sent (NaN or infinity among a view's numbers, a matrix for one sample,
         ragged lists, complex numbers), before anything is sent. Bools are sent as 0 and 1, as fit reads
-        them; features, and samples, may be generators.
+        them, and a masked array's masked values as NaN; features, and samples, may be generators.
     httpx.TransportError
         A service that cannot be reached (``ConnectError``), or answers later than ``timeout``
         (``TimeoutException``).

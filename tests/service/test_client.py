@@ -468,3 +468,17 @@ def test_an_error_answer_without_a_body_says_what_it_was(answer, message):
     with _server(answer) as base, Client(base) as client, pytest.raises(DBFError) as error:
         client.predict({"a": [1.0]})
     assert error.value.type == "http_error" and error.value.message.startswith(message)
+
+
+def test_masked_and_long_double_features_are_sent_as_they_mean(url):
+    """A masked array was sent with the values under its mask, as if they had been measured; numpy's long
+    double raised msgspec's TypeError. Masked values are NaN now: all masked, the view is missing."""
+    with Client(url) as client:
+        text_only = client.predict({"text": CUB["text"]})
+        hidden = np.ma.masked_all(1024)
+        assert client.predict({"image": hidden, "text": CUB["text"]}) == text_only
+        partly = np.ma.masked_array(np.zeros(1024), mask=[True] + [False] * 1023)
+        with pytest.raises(ValueError, match="view 'image': nan among its numbers"):
+            client.predict({"image": partly, "text": CUB["text"]})
+        both = client.predict(CUB)
+        assert client.predict({"image": CUB["image"], "text": CUB["text"].astype(np.longdouble)}) == both
