@@ -88,7 +88,12 @@ def _body(
     coverage: float | None,
 ) -> tuple[bytes, int]:
     """The request's body, and how many samples it holds."""
-    body: dict[str, Any] = {"samples": [{"views": _views(sample)} for sample in _samples(samples)]}
+    body: dict[str, Any] = {"samples": []}
+    for index, sample in enumerate(_samples(samples)):
+        try:
+            body["samples"].append({"views": _views(sample)})
+        except ValueError as error:  # which of many samples: named as the service's errors name it
+            raise ValueError(f"samples[{index}]: {error}") from None
     if method is not None:
         body["method"] = method
     for key, value in (("lambda", lam), ("coverage", coverage)):

@@ -482,3 +482,15 @@ def test_masked_and_long_double_features_are_sent_as_they_mean(url):
             client.predict({"image": partly, "text": CUB["text"]})
         both = client.predict(CUB)
         assert client.predict({"image": CUB["image"], "text": CUB["text"].astype(np.longdouble)}) == both
+
+
+def test_features_that_cannot_be_sent_are_refused_naming_their_sample():
+    """In a batch, the ValueError for a sample's NaN named its view only: which of a thousand samples, the
+    caller had to find (the service's errors name it: samples[i].views.<name>)."""
+    image = np.zeros((3, 1024))
+    image[2, 5] = np.nan
+    with Client("http://127.0.0.1:1") as client:  # refused before anything is sent
+        with pytest.raises(ValueError, match=r"^samples\[2\]: view 'image': nan among its numbers"):
+            client.predict_batch({"image": image, "text": np.zeros((3, 300))})
+        with pytest.raises(ValueError, match=r"^samples\[1\]: view 'text': complex"):
+            client.predict_batch([CUB, {"text": np.zeros(300, complex)}])
