@@ -108,9 +108,10 @@ def _body(
 def _samples(samples: Sequence[Features] | Mapping[str, Any]) -> Sequence[Features]:
     """Samples as a sequence of mappings: given so, or as one ``(N, d)`` matrix per view (fit's layout)."""
     if isinstance(samples, Mapping):
-        columns = {name: None if values is None else np.asarray(values) for name, values in samples.items()}
-        rows = {len(values) for values in columns.values() if values is not None}
-        if len(rows) != 1 or any(v is not None and v.ndim != 2 for v in columns.values()):
+        columns = {name: None if values is None else _array(values) for name, values in samples.items()}
+        matrices = [values for values in columns.values() if values is not None]
+        rows = {len(values) for values in matrices if values.ndim == 2}
+        if len(rows) != 1 or any(values.ndim != 2 for values in matrices):
             raise ValueError(
                 "samples as a mapping hold one (N, d) matrix per view, N the same for all; or give a "
                 "sequence of per-sample mappings {view: features}"
@@ -122,18 +123,25 @@ def _samples(samples: Sequence[Features] | Mapping[str, Any]) -> Sequence[Featur
     return samples
 
 
+def _array(values: Any) -> np.ndarray:
+    """``values`` as numpy takes them, but for a generator (numpy makes one object of it: it is listed) and
+    a masked array (what is masked was not measured: NaN, as fit marks it)."""
+    if isinstance(values, np.ma.MaskedArray):
+        return values.astype(np.float64).filled(np.nan)
+    array = np.asarray(values)
+    if array.ndim == 0 and array.dtype.kind == "O" and isinstance(values, Iterable):
+        return np.asarray(list(values))
+    return array
+
+
 def _views(sample: Features) -> dict[str, list]:
     """A sample's views as JSON lists, those it lacks (None, or every value NaN) left out."""
     views = {}
     for name, values in sample.items():
         if values is None:
             continue
-        if isinstance(values, np.ma.MaskedArray):  # what is masked was not measured: NaN, as fit marks it
-            values = values.astype(np.float64).filled(np.nan)
         try:
-            array = np.asarray(values)
-            if array.ndim == 0 and array.dtype.kind == "O" and isinstance(values, Iterable):
-                array = np.asarray(list(values))  # a generator: numpy makes one object of it
+            array = _array(values)
         except ValueError as error:  # ragged lists
             raise ValueError(f"view {name!r}: {error}") from None
         if array.dtype.kind == "b":

@@ -494,3 +494,14 @@ def test_features_that_cannot_be_sent_are_refused_naming_their_sample():
             client.predict_batch({"image": image, "text": np.zeros((3, 300))})
         with pytest.raises(ValueError, match=r"^samples\[1\]: view 'text': complex"):
             client.predict_batch([CUB, {"text": np.zeros(300, complex)}])
+
+
+def test_fits_layout_takes_masked_matrices_and_refuses_a_number():
+    """Fit's layout, one (N, d) matrix per view, dropped a masked matrix's mask (its masked values sent as
+    measured), and a number for a view's matrix raised TypeError('len() of unsized object')."""
+    image = np.ma.masked_array(np.zeros((2, 1024)), mask=[[False] * 1024, [False] + [True] * 1023])
+    with Client("http://127.0.0.1:1") as client:  # refused before anything is sent
+        with pytest.raises(ValueError, match=r"^samples\[1\]: view 'image': nan among"):
+            client.predict_batch({"image": image, "text": np.zeros((2, 300))})
+        with pytest.raises(ValueError, match="one \\(N, d\\) matrix per view"):
+            client.predict_batch({"image": 1.0})
