@@ -314,14 +314,19 @@ class Client:
     Raises
     ------
     DBFError
-        An error answer of the service.
+        An error answer of the service, or an answer that is not the service's (``DBFError.type``).
     ValueError
         Features that cannot be sent (NaN or infinity among a view's numbers, a matrix for one sample,
         ragged lists, complex numbers), before anything is sent. Bools are sent as 0 and 1, as fit reads
         them, and a masked array's masked values as NaN; features, and samples, may be generators.
     httpx.TransportError
-        A service that cannot be reached (``ConnectError``), or answers later than ``timeout``
-        (``TimeoutException``).
+        A service that cannot be reached (``ConnectError``), answers later than ``timeout``
+        (``TimeoutException``) or breaks its answer off (``RemoteProtocolError``).
+
+    Notes
+    -----
+    A client may be shared by threads (as its ``httpx.Client`` is); an `AsyncClient` belongs to the event
+    loop that first used it.
     """
 
     def __init__(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import socket
 import subprocess
@@ -505,3 +506,14 @@ def test_fits_layout_takes_masked_matrices_and_refuses_a_number():
             client.predict_batch({"image": image, "text": np.zeros((2, 300))})
         with pytest.raises(ValueError, match="one \\(N, d\\) matrix per view"):
             client.predict_batch({"image": 1.0})
+
+
+def test_a_client_shared_by_threads_answers_each_its_own(url):
+    """As documented: one Client, many threads, each answer the one its own sample has alone."""
+    rng = np.random.default_rng(1)
+    samples = [{"image": rng.random(1024), "text": rng.random(300)} for _ in range(16)]
+    with Client(url) as client:
+        alone = [client.predict(sample) for sample in samples]
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            shared = list(pool.map(client.predict, samples * 4))
+    assert shared == alone * 4
