@@ -517,3 +517,19 @@ def test_a_client_shared_by_threads_answers_each_its_own(url):
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             shared = list(pool.map(client.predict, samples * 4))
     assert shared == alone * 4
+
+
+@pytest.mark.parametrize("prefix", ["/dbf", "/dbf/"])
+def test_a_base_url_with_a_path_prefix_keeps_it(prefix):
+    """As documented, for a service behind an ingress at /dbf/: every request under the prefix, the model's
+    name one path segment."""
+    seen: list[bytes] = []
+    answer = b'{"model": "a b/c", "method": "dbf", "lambda": 1.0, "views": ["a"], "predictions": []}'
+    with _server(_answer("200 OK", answer), seen) as base, Client(base + prefix) as client:
+        with pytest.raises(DBFError):  # no prediction: the request line is what is checked
+            client.predict({"a": [1.0]}, model="a b/c")
+        client.ready()
+    assert [request.split(b"\r\n")[0] for request in seen] == [
+        b"POST /dbf/v1/models/a%20b%2Fc/predict HTTP/1.1",
+        b"GET /dbf/ready HTTP/1.1",
+    ]
