@@ -240,6 +240,20 @@ def _predicted(response: httpx.Response, content: bytes, samples: int) -> Predic
     return result
 
 
+def _cut_off(error: httpx.ReadError | httpx.WriteError, sent: int) -> httpx.TransportError:
+    """``error``, of the same type, saying what may have caused it: the service refuses a body over its
+    ``DBF_MAX_BODY_BYTES`` (413) and closes the connection without reading the rest, and a client still
+    sending may lose that answer (the async one always does: asyncio drops what a socket holds once a write
+    to it fails), left with httpx's error, whose message is often empty."""
+    cause = str(error) or "the connection was reset"
+    message = (
+        f"{cause}, on a request of {sent} bytes of body: if that is over the service's DBF_MAX_BODY_BYTES, "
+        "it was refused (413) and its connection closed before the answer could be read; send fewer samples "
+        "a request"
+    )
+    return type(error)(message, request=error.request)
+
+
 def _quoted(response: httpx.Response, content: bytes) -> str:
     """An answer's body, its start only when long (a proxy's page would fill every log line it is in)."""
     text = content.decode(response.charset_encoding or "utf-8", errors="replace")
@@ -377,7 +391,10 @@ class Client:
         content, count = _body(samples, method, lam, coverage)
         for attempt in range(self.retries + 1):
             try:
-                answer = self._exchange("POST", _path(model), content=content, headers=_JSON)
+                try:
+                    answer = self._exchange("POST", _path(model), content=content, headers=_JSON)
+                except (httpx.ReadError, httpx.WriteError) as error:
+                    raise _cut_off(error, len(content)) from error
                 return _predicted(*answer, count)
             except DBFError as error:
                 wait = _wait(error, attempt, self.retries)
@@ -464,7 +481,10 @@ class AsyncClient:
         content, count = _body(samples, method, lam, coverage)
         for attempt in range(self.retries + 1):
             try:
-                answer = await self._exchange("POST", _path(model), content=content, headers=_JSON)
+                try:
+                    answer = await self._exchange("POST", _path(model), content=content, headers=_JSON)
+                except (httpx.ReadError, httpx.WriteError) as error:
+                    raise _cut_off(error, len(content)) from error
                 return _predicted(*answer, count)
             except DBFError as error:
                 wait = _wait(error, attempt, self.retries)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import re
 import socket
 import subprocess
 import sys
@@ -533,3 +534,28 @@ def test_a_base_url_with_a_path_prefix_keeps_it(prefix):
         b"POST /dbf/v1/models/a%20b%2Fc/predict HTTP/1.1",
         b"GET /dbf/ready HTTP/1.1",
     ]
+
+
+def test_a_body_over_the_services_limit_gets_a_clear_error_from_either_client():
+    """The service refuses a body over DBF_MAX_BODY_BYTES (413) and closes the connection without reading
+    the rest; the sync client read the 413, the async one (asyncio drops what a socket holds once a write to
+    it fails) raised httpx.ReadError with an empty message, which says nothing of why."""
+    rng = np.random.default_rng(0)
+    wide = {"pix": rng.random((1000, 240))}  # some 4.6 MB of JSON
+
+    async def scenario(base: str) -> None:
+        async with AsyncClient(base) as client:
+            await client.predict_batch(wide)
+
+    with serving(MODELS / "handwritten", max_body_bytes=200_000) as base:
+        with Client(base) as client, pytest.raises(DBFError, match="413 payload_too_large"):
+            client.predict_batch(wide)
+        with pytest.raises((DBFError, httpx.TransportError)) as error:
+            asyncio.run(scenario(base))
+    if isinstance(error.value, DBFError):  # the answer read: better still
+        assert error.value.status == 413
+    else:
+        assert re.search(
+            r"on a request of \d+ bytes of body: if that is over the service's DBF_MAX_BODY_BYTES",
+            str(error.value),
+        )
