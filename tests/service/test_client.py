@@ -1,4 +1,5 @@
-"""The Python client against the real service."""
+"""The Python client against the real service, and against loopback servers that answer as broken
+deployments do (a proxy's page, a bad Retry-After, an endless body)."""
 
 from __future__ import annotations
 
@@ -223,6 +224,7 @@ _OVERLOADED = b'{"error": {"type": "overloaded", "message": "busy"}}'
 
 
 def _answer(status: str, body: bytes, *headers: str) -> bytes:
+    """An HTTP/1.1 answer, as bytes on the wire, that closes its connection."""
     head = "".join(f"{header}\r\n" for header in headers)
     return (
         f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n{head}\r\n".encode() + body
@@ -230,9 +232,9 @@ def _answer(status: str, body: bytes, *headers: str) -> bytes:
 
 
 @contextlib.contextmanager
-def _server(answer: bytes | None, seen: list[bytes] | None = None) -> Iterator[str]:
+def _server(answer: bytes, seen: list[bytes] | None = None) -> Iterator[str]:
     """A loopback HTTP server that reads each request (head and Content-Length body), appends it to ``seen``
-    and sends ``answer`` as it is (None: closes the connection unanswered); yields its base URL."""
+    and sends ``answer`` as it is; yields its base URL."""
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(0.05)  # to see the block end
     done = threading.Event()
@@ -261,8 +263,7 @@ def _server(answer: bytes | None, seen: list[bytes] | None = None) -> Iterator[s
                     body += chunk
                 if seen is not None:
                     seen.append(head + b"\r\n\r\n" + body)
-                if answer is not None:
-                    conn.sendall(answer)
+                conn.sendall(answer)
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
