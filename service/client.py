@@ -270,6 +270,16 @@ def _grown(response: httpx.Response, content: bytearray, chunk: bytes, limit: in
     content += chunk
 
 
+def _timeout(timeout: float | httpx.Timeout | None) -> float | httpx.Timeout | None:
+    """``timeout`` checked: 0 would fail every request at once (and make `Client.ready` False, as for a
+    service that is down), and httpx refuses the others only at the first request, in its words."""
+    if timeout is None or isinstance(timeout, httpx.Timeout):
+        return timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not 0 < timeout < math.inf:
+        raise ValueError(f"timeout must be a positive number of seconds (or None: no limit), got {timeout!r}")
+    return float(timeout)
+
+
 def _positive(name: str, count: int) -> int:
     if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 1:
         raise ValueError(f"{name} must be a whole number of at least 1, got {count!r}")
@@ -317,8 +327,9 @@ class Client:
         ``not_ready`` and ``shutting_down`` say not) is retried after waiting that long; 0: never, the
         ``DBFError`` is raised. One that asks for more than
         30 s is raised at once (its ``retry_after`` says how long: the caller's to decide).
-    timeout : float
-        Seconds for each of connecting, sending and reading.
+    timeout : float, httpx.Timeout or None
+        Seconds for each of connecting, sending and reading (positive; None: no limit), or httpx's
+        ``Timeout``.
     max_answer_bytes : int
         The longest answer read (256 MiB; the service's at its default limits are some 25 MiB at most):
         a longer one raises ``DBFError`` ``answer_too_large`` once that much is in, rather than take
@@ -350,13 +361,14 @@ class Client:
         *,
         api_key: str | None = None,
         retries: int = 0,
-        timeout: float = 30.0,
+        timeout: float | httpx.Timeout | None = 30.0,
         max_answer_bytes: int = _MOST_ANSWER_BYTES,
         **httpx_options: Any,
     ) -> None:
         headers = {**_headers(api_key), **httpx_options.pop("headers", {})}
         _check_base_url(base_url)
         self.retries = _retries(retries)
+        timeout = _timeout(timeout)
         self.max_answer_bytes = _positive("max_answer_bytes", max_answer_bytes)
         self._http = httpx.Client(base_url=base_url, timeout=timeout, headers=headers, **httpx_options)
 
@@ -444,13 +456,14 @@ class AsyncClient:
         *,
         api_key: str | None = None,
         retries: int = 0,
-        timeout: float = 30.0,
+        timeout: float | httpx.Timeout | None = 30.0,
         max_answer_bytes: int = _MOST_ANSWER_BYTES,
         **httpx_options: Any,
     ) -> None:
         headers = {**_headers(api_key), **httpx_options.pop("headers", {})}
         _check_base_url(base_url)
         self.retries = _retries(retries)
+        timeout = _timeout(timeout)
         self.max_answer_bytes = _positive("max_answer_bytes", max_answer_bytes)
         self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout, headers=headers, **httpx_options)
 

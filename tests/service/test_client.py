@@ -560,3 +560,13 @@ def test_a_body_over_the_services_limit_gets_a_clear_error_from_either_client():
             r"on a request of \d+ bytes of body: if that is over the service's DBF_MAX_BODY_BYTES",
             str(error.value),
         )
+
+
+@pytest.mark.parametrize("kind", [Client, AsyncClient])
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), "5"])
+def test_a_timeout_that_is_no_wait_is_refused_when_the_client_is_made(kind, timeout):
+    """timeout=0 made every request fail at once (ConnectError: '[Errno 115] Operation now in progress')
+    and ready() say False, as for a service that is down; -1 and NaN raised ValueError, '5' TypeError, in
+    httpx's words at the first request."""
+    with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
+        kind("http://127.0.0.1:1", timeout=timeout)
