@@ -65,7 +65,7 @@ class DBFError(Exception):
         The error body's reason (``invalid_input``, ``model_not_found``, ``overloaded``...);
         ``http_error`` for an error answer that is not the service's (a proxy's page: the message quotes
         its start), ``invalid_response`` for a success whose body is not the v1 API's answer (a captive
-        portal's page, another service's JSON), ``answer_too_large`` for an answer longer than the
+        portal's page, another service's JSON, a body that does not decompress), ``answer_too_large`` for an answer longer than the
         client's ``max_answer_bytes``.
     message : str
         What was wrong, naming the sample and view where one is at fault.
@@ -280,6 +280,12 @@ def _timeout(timeout: float | httpx.Timeout | None) -> float | httpx.Timeout | N
     return float(timeout)
 
 
+def _undecodable(response: httpx.Response, error: httpx.DecodingError) -> DBFError:
+    encoding = response.headers.get("content-encoding")
+    message = f"not an answer of the v1 API: its body is not the {encoding} it says it is ({error})"
+    return DBFError(response.status_code, "invalid_response", message)
+
+
 def _positive(name: str, count: int) -> int:
     if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 1:
         raise ValueError(f"{name} must be a whole number of at least 1, got {count!r}")
@@ -431,8 +437,11 @@ class Client:
         """A request's answer and its body, read up to ``max_answer_bytes``."""
         with self._http.stream(method, path, **options) as response:
             content = bytearray()
-            for chunk in response.iter_bytes():  # decompressed: a gzip bomb is bounded too
-                _grown(response, content, chunk, self.max_answer_bytes)
+            try:
+                for chunk in response.iter_bytes():  # decompressed: a gzip bomb is bounded too
+                    _grown(response, content, chunk, self.max_answer_bytes)
+            except httpx.DecodingError as error:
+                raise _undecodable(response, error) from None
         return response, bytes(content)
 
     def close(self) -> None:
@@ -522,8 +531,11 @@ class AsyncClient:
         """A request's answer and its body, read up to ``max_answer_bytes`` (`Client._exchange`)."""
         async with self._http.stream(method, path, **options) as response:
             content = bytearray()
-            async for chunk in response.aiter_bytes():
-                _grown(response, content, chunk, self.max_answer_bytes)
+            try:
+                async for chunk in response.aiter_bytes():
+                    _grown(response, content, chunk, self.max_answer_bytes)
+            except httpx.DecodingError as error:
+                raise _undecodable(response, error) from None
         return response, bytes(content)
 
     async def aclose(self) -> None:

@@ -570,3 +570,14 @@ def test_a_timeout_that_is_no_wait_is_refused_when_the_client_is_made(kind, time
     httpx's words at the first request."""
     with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
         kind("http://127.0.0.1:1", timeout=timeout)
+
+
+@pytest.mark.parametrize("kind", [Client, AsyncClient])
+def test_a_body_that_does_not_decompress_raises_dbf_error(kind):
+    """An answer saying gzip whose body is not raised httpx.DecodingError, which is no TransportError and
+    which the client's documentation never names."""
+    answer = _answer("200 OK", b"not gzip at all", "Content-Encoding: gzip")
+    with _server(answer) as base, pytest.raises(DBFError) as error:
+        _predict_with(kind, base)
+    assert (error.value.status, error.value.type) == (200, "invalid_response")
+    assert "gzip" in error.value.message
