@@ -65,8 +65,8 @@ class DBFError(Exception):
         The error body's reason (``invalid_input``, ``model_not_found``, ``overloaded``...);
         ``http_error`` for an error answer that is not the service's (a proxy's page: the message quotes
         its start), ``invalid_response`` for a success whose body is not the v1 API's answer (a captive
-        portal's page, another service's JSON, a body that does not decompress), ``answer_too_large`` for an answer longer than the
-        client's ``max_answer_bytes``.
+        portal's page, another service's JSON, a body that does not decompress), ``answer_too_large``
+        for an answer longer than the client's ``max_answer_bytes``.
     message : str
         What was wrong, naming the sample and view where one is at fault.
     retry_after : float or None
@@ -256,7 +256,7 @@ def _cut_off(error: httpx.ReadError | httpx.WriteError, sent: int) -> httpx.Tran
 
 def _quoted(response: httpx.Response, content: bytes) -> str:
     """An answer's body, its start only when long (a proxy's page would fill every log line it is in)."""
-    text = content.decode(response.charset_encoding or "utf-8", errors="replace")
+    text = content.decode(response.encoding or "utf-8", errors="replace")  # a known one: httpx checks
     if not text.strip():
         return f"an empty body ({response.status_code} {response.reason_phrase})"
     return text if len(text) <= _QUOTED else f"{text[:_QUOTED]}... ({len(content)} bytes)"

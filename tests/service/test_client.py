@@ -344,6 +344,21 @@ def test_models_that_are_not_json_raise_dbf_error(body):
     assert (error.value.status, error.value.type) == (200, "invalid_response")
 
 
+@pytest.mark.parametrize(
+    ("charset", "page", "quoted"),
+    [
+        ("latin-1", "caf\u00e9".encode("latin-1"), "caf\u00e9"),
+        ("bogus", b"<html>oops</html>", "<html>oops</html>"),
+    ],
+)
+def test_a_proxys_page_is_quoted_in_its_charset_or_utf8(charset, page, quoted):
+    """A page whose charset no codec has (a proxy's typo) raised LookupError while its error was made."""
+    answer = _answer("502 Bad Gateway", page, f"Content-Type: text/html; charset={charset}")
+    with _server(answer) as base, Client(base) as client, pytest.raises(DBFError) as error:
+        client.predict({"a": [1.0]})
+    assert (error.value.type, error.value.message) == ("http_error", quoted)
+
+
 def test_a_proxys_long_error_page_is_quoted_in_short():
     """A proxy's 502 page was the error's whole message: a megabyte of HTML in every log line."""
     page = b"<html>" + b"x" * 1_000_000 + b"</html>"
