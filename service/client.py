@@ -98,10 +98,14 @@ def _body(
         body["method"] = method
     for key, value in (("lambda", lam), ("coverage", coverage)):
         if value is not None:
-            number = float(value)  # numpy's scalars too
-            if not math.isfinite(number):
+            # numpy's scalars too; not a bool (True is no lambda) nor a string
+            if (
+                isinstance(value, bool | str)
+                or not isinstance(value, numbers.Real)
+                or not math.isfinite(value)
+            ):
                 raise ValueError(f"{key} must be a finite number, got {value!r}")
-            body[key] = number
+            body[key] = float(value)
     return msgspec.json.encode(body), len(body["samples"])
 
 

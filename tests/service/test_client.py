@@ -596,3 +596,13 @@ def test_a_body_that_does_not_decompress_raises_dbf_error(kind):
         _predict_with(kind, base)
     assert (error.value.status, error.value.type) == (200, "invalid_response")
     assert "gzip" in error.value.message
+
+
+@pytest.mark.parametrize("option", ["lam", "coverage"])
+@pytest.mark.parametrize("value", ["abc", [0.5], True])
+def test_a_fusion_option_that_is_no_number_is_refused_naming_it(option, value):
+    """lam='abc' raised float's ValueError and lam=[0.5] its TypeError, neither naming the option; True was
+    sent as 1.0."""
+    name = {"lam": "lambda", "coverage": "coverage"}[option]
+    with Client("http://127.0.0.1:1") as client, pytest.raises(ValueError, match=f"{name} must be a finite"):
+        client.predict(CUB, **{option: value})
