@@ -333,8 +333,8 @@ class Client:
         break) is stripped, as the service strips it. Empty, or not printable ASCII, it raises
         ``ValueError`` here (the key never quoted).
     retries : int
-        How many times a 503 that says when to retry (``Retry-After``: the service's ``overloaded``; its
-        ``not_ready`` and ``shutting_down`` say not) is retried after waiting that long; 0: never, the
+        How many times a 503 that says when to retry (``Retry-After``: the service's ``overloaded`` and
+        ``not_ready``; its ``shutting_down`` says not) is retried after waiting that long; 0: never, the
         ``DBFError`` is raised. One that asks for more than
         30 s is raised at once (its ``retry_after`` says how long: the caller's to decide).
     timeout : float, httpx.Timeout or None

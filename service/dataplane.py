@@ -133,7 +133,12 @@ class DataPlane:
     def ready(self) -> Repository:
         """The models being served, or :class:`NotReady` with the reason."""
         if self.repository is None:
-            raise NotReady(f"models are not loaded: {self.load_error}")
+            # Only while the models load at start (a failed start exits; a failed reload keeps the models
+            # served): a retry soon succeeds, and clients that retry on a Retry-After (ours) do so.
+            raise NotReady(
+                f"models are not loaded: {self.load_error}",
+                headers={"Retry-After": str(self.settings.retry_after_seconds)},
+            )
         return self.repository
 
     def model(self, name: str | None, version: str | None = None) -> LoadedModel:

@@ -76,7 +76,7 @@ class Settings(BaseSettings):
         default=MAX_VIEW_DIM, ge=1, description="a manifest's largest view dim; more refuses it"
     )
     max_in_flight: int = Field(default=64, ge=1, description="concurrent predict requests; more is a 503")
-    retry_after_seconds: int = Field(default=1, ge=0, description="Retry-After of a load-shedding 503")
+    retry_after_seconds: int = Field(default=1, ge=0, description="Retry-After of a load-shedding or not-ready 503")
     # Micro-batching (service/batching.py): concurrent requests for the same model and fusion run together.
     batching: bool = Field(default=True, description="micro-batch concurrent small requests")
     batch_max_samples: int = Field(default=256, ge=1, description="samples in one micro-batch, at most")

@@ -52,9 +52,15 @@ def test_models_by_name_and_version():
         dataplane.model("nope")
     with pytest.raises(ModelNotFound, match="model 'cub' has no version '2'; it serves version '1'"):
         dataplane.model("cub", "2")
+
+def test_a_request_before_the_models_are_loaded_is_told_when_to_retry():
+    """A client's retry loop (service.client's) waits on a 503's Retry-After: not_ready had none, so a
+    request during the start was raised at once, where a retry a second later would have been served."""
+    dataplane = plane(retry_after_seconds=3)
     dataplane.repository = None
-    with pytest.raises(NotReady):
+    with pytest.raises(NotReady, match="models are not loaded") as refused:
         dataplane.model(None)
+    assert refused.value.headers == {"Retry-After": "3"}
 
 
 def test_requests_past_the_in_flight_limit_are_shed_with_retry_after():
