@@ -27,6 +27,7 @@ from fusion.opinion import (
     evidence_from_opinion,
     opinion_from_evidence,
     projected_probability,
+    top_class_agreement,
     vacuous_where_missing,
 )
 
@@ -51,5 +52,6 @@ __all__ = [
     "opinion_from_evidence",
     "projected_distance",
     "projected_probability",
+    "top_class_agreement",
     "vacuous_where_missing",
 ]

@@ -130,6 +130,36 @@ def projected_probability(opinion: Opinion, /, *, xp=None) -> Array:
     return b + (u / b.shape[-1])[..., None]
 
 
+def top_class_agreement(views: Opinion, fused: Opinion, /, *, xp=None) -> Array:
+    """Whether each view's top class is the fused opinion's: the argmax of its projected probability
+    ``b + u/K`` (section 3.1), which is that of its belief, ``u/K`` being added to every class alike.
+
+    A label-free sign of a failing view: on clean data each view agrees with the fused answer at a rate its
+    model measures (the manifest's ``view_agreement``); a view broken within its range agrees far less.
+    Ties go to the lowest class, for the views and the fused opinion alike.
+
+    Parameters
+    ----------
+    views : Opinion
+        Each view's opinion, belief (..., V, K).
+    fused : Opinion
+        The fused opinion, belief (..., K).
+
+    Returns
+    -------
+    array of bool, shape (..., V)
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> views = Opinion(np.array([[[0.6, 0.1], [0.1, 0.5]]]), np.array([[0.3, 0.4]]))
+    >>> top_class_agreement(views, Opinion(np.array([[0.5, 0.2]]), np.array([0.3]))).tolist()
+    [[True, False]]
+    """
+    xp = namespace(views.belief, fused.belief, xp=xp)
+    return xp.argmax(views.belief, axis=-1) == xp.argmax(fused.belief, axis=-1)[..., None]
+
+
 def discount(opinion: Opinion, eta: Array, /) -> Opinion:
     """Shafer's discounting by reliability ``eta``: ``b' = eta b``, ``u' = 1 - eta + eta u`` (Eq. 11).
 

@@ -11,7 +11,8 @@ import torch
 
 from manifest import Manifest
 from training import export as exporting
-from training.calibrate import calibrate_flag
+from fusion import Opinion, opinion_from_evidence
+from training.calibrate import FusedSplit, calibrate_flag, view_agreement
 from training.export import ParityError, check_parity, head_to_onnx
 from training.fit import export
 from training.heads import ViewHead
@@ -121,6 +122,44 @@ def test_the_flag_keeps_the_score_that_flags_more_conflictive_samples_at_its_thr
     assert np.mean(clean[score] >= threshold) == pytest.approx(0.05, abs=0.002)
 
 
+def test_view_agreement_counts_each_view_against_the_fused_prediction_where_fused_beside_another():
+    # Five samples, three views, three classes. Sample 4 has view a alone: it is the fused answer there and
+    # counts for nothing. Views' top classes (rows: samples, columns: a, b, c; - absent) and the fused one:
+    #   0: 0 0 1 -> 0     1: 1 2 1 -> 1     2: 2 2 2 -> 2     3: 0 - 0 -> 1     4: 1 - - -> 1
+    top = np.array([[0, 0, 1], [1, 2, 1], [2, 2, 2], [0, 0, 0], [1, 0, 0]])
+    present = np.array([[1, 1, 1], [1, 1, 1], [1, 1, 1], [1, 0, 1], [1, 0, 0]], bool)
+    evidence = np.eye(3)[top] * 9.0  # each view: evidence 9 for its top class
+    fused_top = np.array([0, 1, 2, 1, 1])
+    fused = Opinion(np.eye(3)[fused_top] * 0.5, np.full(5, 0.5))
+    split = FusedSplit(fused, fused_top, views=opinion_from_evidence(evidence), present=present)
+    test = FusedSplit(fused, fused_top, views=opinion_from_evidence(evidence), present=None)
+
+    rates = view_agreement(split, ["a", "b", "c"], test=test)
+
+    # a: samples 0-3 compared, agrees in 0, 1, 2; its top classes 0, 1, 2, 0 against fused 0, 1, 2, 1.
+    assert (rates["a"].clean, rates["a"].samples) == (0.75, 4)
+    assert rates["a"].chance == pytest.approx((2 / 4) * (1 / 4) + (1 / 4) * (2 / 4) + (1 / 4) * (1 / 4))
+    # b: samples 0-2, agrees in 0 and 2; tops 0, 2, 2 against 0, 1, 2.
+    assert (rates["b"].clean, rates["b"].samples) == (2 / 3, 3)
+    assert rates["b"].chance == pytest.approx((1 / 3) * (1 / 3) + (2 / 3) * (1 / 3))
+    # c: samples 0-3, agrees in 1 and 2; tops 1, 1, 2, 0 against 0, 1, 2, 1.
+    assert (rates["c"].clean, rates["c"].samples) == (0.5, 4)
+    # The test split has every view everywhere: all five samples count, sample 4's view a too.
+    assert (rates["a"].test, rates["a"].test_samples) == (0.8, 5)
+    assert (rates["b"].test, rates["c"].test) == (0.4, 0.4)
+
+
+def test_view_agreement_is_none_where_no_view_is_fused_beside_another():
+    views = opinion_from_evidence(np.array([[[9.0, 0.0], [0.0, 0.0]]]))
+    alone = FusedSplit(
+        Opinion(views.belief[:, 0], views.uncertainty[:, 0]),
+        np.array([0]),
+        views=views,
+        present=np.array([[True, False]]),
+    )
+    assert view_agreement(alone, ["a", "b"]) is None
+
+
 def _quick(dataset: str) -> TrainConfig:
     return TrainConfig(epochs=5, hyperparameters=DATASETS[dataset].hyperparameters)
 
@@ -136,6 +175,10 @@ def test_export_writes_a_verified_deterministic_repository_entry(data_dir, tmp_p
         assert hashlib.sha256((tmp_path / "cub" / view.file).read_bytes()).hexdigest() == view.sha256
     assert manifest.fusion.method == "dbf"
     assert manifest.conflict_flag.validation.clean <= 0.05 + 1 / 60  # 60 validation samples
+    assert {view: rates.samples for view, rates in manifest.view_agreement.items()} == {
+        "image": 60,
+        "text": 60,
+    }
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cub"]  # no staging left behind
 
     again, _ = export("cub", tmp_path / "again", data_dir=data_dir, config=_quick("cub"))
