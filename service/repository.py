@@ -96,6 +96,18 @@ class LoadedModel:
         return self.placement.provider(samples) == CPU
 
     @cached_property
+    def agreeing_views(self) -> tuple[slice | list[int], tuple[str, ...]] | None:
+        """The views whose agreement with the fused prediction is counted: those the manifest has a clean
+        rate for (``view_agreement``), as an index of the view axis (a slice where all are: no copy) and
+        their names; None where it has none, or one view only (the fused answer is that view's)."""
+        rates, views = self.manifest.view_agreement, self.manifest.views
+        if not rates or len(views) < 2:
+            return None
+        measured = [v for v, view in enumerate(views) if view.name in rates]
+        index = slice(None) if len(measured) == len(views) else measured
+        return index, tuple(views[v].name for v in measured)
+
+    @cached_property
     def features_per_sample(self) -> int:
         """Feature values in one complete sample (every view's)."""
         return int(self.signature.view_dims.sum())
