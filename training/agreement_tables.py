@@ -69,9 +69,10 @@ FAILURES = ("shuffled", "constant", "noise")
 def failure_table(
     model_dirs: Sequence[str | os.PathLike[str]], data_dir: str | os.PathLike[str], *, seed: int = 0
 ) -> str:
-    """The markdown table: per model, per view broken in turn, per failure (:data:`FAILURES`), each view's
-    agreement on the test split, the views below their alert threshold, out-of-range share and accuracy.
-    Each model's manifest must have its ``view_agreement``."""
+    """The markdown table: per model, per view broken in turn, per failure (:data:`FAILURES`), the accuracy,
+    the broken view's agreement on the test split against clean and its threshold, its share of samples out
+    of range, and the views the alert names (or, where none, the view nearest its threshold). Each model's
+    manifest must have its ``view_agreement``."""
     rows = []
     for directory in map(Path, model_dirs):
         manifest = _manifest(directory)
@@ -79,14 +80,15 @@ def failure_table(
             raise ValueError(f"{directory}: the manifest has no view_agreement section")
         model = _Exported(directory, manifest, data_dir)
         clean = model.measure(model.raw_test())
-        rows.append(_row(manifest, "none", "clean", clean))
-        for view in manifest.views:
+        for v, view in enumerate(manifest.views):
             for failure in FAILURES:
                 features, what = model.broken(view.name, failure, np.random.default_rng(seed))
-                rows.append(_row(manifest, view.name, what, model.measure(features)))
+                rows.append(_row(manifest, v, what, clean, model.measure(features)))
     return (
-        "| model | view broken | how | accuracy | broken view out of range | agreement per view (threshold) "
-        "| alert names |\n|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
+        "| model | view broken | how | accuracy: clean → broken | the view's agreement: clean → broken "
+        "(alert below) | out of range | DBFViewDisagreement names |\n|---|---|---|---|---|---|---|\n"
+        + "\n".join(rows)
+        + "\n"
     )
 
 
@@ -97,24 +99,25 @@ class _Measured:
     agreement: np.ndarray  # (V,) share of compared samples; NaN where never compared
 
 
-def _row(manifest: Manifest, broken: str, how: str, measured: _Measured) -> str:
+def _row(manifest: Manifest, v: int, how: str, clean: _Measured, broken: _Measured) -> str:
     names = [view.name for view in manifest.views]
-    rates = manifest.view_agreement
-    cells, alerting = [], []
-    for v, name in enumerate(names):
-        if name not in rates:
-            continue
-        threshold = alert_threshold(rates[name])
-        value = measured.agreement[v]
-        below = bool(value < threshold)  # NaN (never compared): no alert
-        cells.append(f"{name} {_share(value)}{'**' if below else ''} ({_share(threshold)})")
-        if below:
-            alerting.append(name)
-            cells[-1] = f"{name} **{_share(value)}** ({_share(threshold)})"
-    out = "-" if broken == "none" else _share(measured.out_of_range[names.index(broken)])
+    thresholds = {
+        u: alert_threshold(manifest.view_agreement[name])
+        for u, name in enumerate(names)
+        if name in manifest.view_agreement
+    }
+    below = [u for u, threshold in thresholds.items() if broken.agreement[u] < threshold]  # NaN: never
+    named = ", ".join(f"{names[u]} ({_share(broken.agreement[u])})" for u in below)
+    if not below:
+        nearest = min(thresholds, key=lambda u: broken.agreement[u] / thresholds[u])
+        named = (
+            f"none (nearest: {names[nearest]} {_share(broken.agreement[nearest])}, alert below "
+            f"{_share(thresholds[nearest])})"
+        )
     return (
-        f"| {manifest.name} | {broken} | {how} | {_share(measured.accuracy)} | {out} | {'; '.join(cells)} | "
-        f"{', '.join(alerting) or 'none'} |"
+        f"| {manifest.name} | {names[v]} | {how} | {_share(clean.accuracy)} → {_share(broken.accuracy)} | "
+        f"{_share(clean.agreement[v])} → {_share(broken.agreement[v])} ({_share(thresholds[v])}) | "
+        f"{_share(broken.out_of_range[v])} | {named} |"
     )
 
 
@@ -186,7 +189,7 @@ class _Exported:
             make["constant"] = (
                 (lambda: zeros) if in_range else (lambda: np.tile(training.mean(0), (len(clean), 1)))
             )
-            what = "zeros" if in_range else "training mean (zeros out of range)"
+            what = "zeros" if in_range else "training mean (zeros: out of range)"
         return {**features, view: make[failure]().astype(np.float32)}, what
 
 
