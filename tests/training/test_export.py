@@ -9,9 +9,9 @@ import onnxruntime
 import pytest
 import torch
 
+from fusion import Opinion, opinion_from_evidence
 from manifest import Manifest
 from training import export as exporting
-from fusion import Opinion, opinion_from_evidence
 from training.calibrate import FusedSplit, calibrate_flag, view_agreement
 from training.export import ParityError, check_parity, head_to_onnx
 from training.fit import export
@@ -175,10 +175,13 @@ def test_export_writes_a_verified_deterministic_repository_entry(data_dir, tmp_p
         assert hashlib.sha256((tmp_path / "cub" / view.file).read_bytes()).hexdigest() == view.sha256
     assert manifest.fusion.method == "dbf"
     assert manifest.conflict_flag.validation.clean <= 0.05 + 1 / 60  # 60 validation samples
-    assert {view: rates.samples for view, rates in manifest.view_agreement.items()} == {
-        "image": 60,
-        "text": 60,
+    # Measured on the samples the flag was calibrated on (cub's 480 non-test ones, out of fold) and the test.
+    fitted = manifest.calibration.fitted_on.samples
+    assert {(v, r.samples, r.test_samples) for v, r in manifest.view_agreement.items()} == {
+        ("image", fitted, 120),
+        ("text", fitted, 120),
     }
+    assert (manifest.calibration.fitted_on.kind, fitted) == ("cross-fitted", 480)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cub"]  # no staging left behind
 
     again, _ = export("cub", tmp_path / "again", data_dir=data_dir, config=_quick("cub"))
