@@ -47,10 +47,10 @@ def counts(url: str, model: str = "handwritten") -> dict[str, tuple[float, float
     }
 
 
-def agreement(url: str, views: dict[str, np.ndarray]) -> dict[str, float]:
+def agreement(url: str, views: dict[str, np.ndarray], method: str | None = None) -> dict[str, float]:
     """Each view's agreement over one batch of ``views``, read from the counters' increase."""
     before = counts(url)
-    body, headers = encode_request(views)
+    body, headers = encode_request(views, method=method)
     response = httpx.post(f"{url}/v2/models/handwritten/infer", content=body, headers=headers, timeout=60)
     assert response.status_code == 200, response.text
     after, n = counts(url), len(next(iter(views.values())))
@@ -80,6 +80,12 @@ def test_a_shuffled_view_falls_below_its_threshold_and_the_others_stay_at_their_
     for view in VIEWS[1:]:
         assert broken[view] == pytest.approx(clean[view], abs=0.05), view
         assert broken[view] > (rates[view].clean + rates[view].chance) / 2
+
+
+@pytest.mark.data
+def test_agreement_is_judged_by_the_models_own_fusion_whatever_a_request_asks_for(url, test_split):
+    # Its clean rate was measured with DBF: averaging (baf) answers other labels, not another baseline.
+    assert agreement(url, test_split, method="baf") == agreement(url, test_split)
 
 
 def test_samples_with_one_view_are_not_compared(url):
