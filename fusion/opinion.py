@@ -130,34 +130,85 @@ def projected_probability(opinion: Opinion, /, *, xp=None) -> Array:
     return b + (u / b.shape[-1])[..., None]
 
 
-def top_class_agreement(views: Opinion, fused: Opinion, /, *, xp=None) -> Array:
-    """Whether each view's top class is the fused opinion's: the argmax of its projected probability
-    ``b + u/K`` (section 3.1), which is that of its belief, ``u/K`` being added to every class alike.
+def top_class_of_the_others(views: Opinion, /, *, mask: Array | None = None, xp=None) -> Array:
+    """For each view, the top class of the other views fused cumulatively: the argmax of their evidence
+    summed (BCF's fused evidence, section 3.3), the views outside ``mask`` left out. Ties, and views with no
+    other, go to the lowest class.
 
-    A label-free sign of a failing view: on clean data each view agrees with the fused answer at a rate its
-    model measures (the manifest's ``view_agreement``); a view broken within its range agrees far less.
-    Ties go to the lowest class, for the views and the fused opinion alike.
+    The sums exclude the view by adding the views before it to those after it, never by subtracting it
+    from the total: one view's evidence can be orders of magnitude above the others', and a difference of
+    two large float32 sums would lose theirs.
 
     Parameters
     ----------
     views : Opinion
-        Each view's opinion, belief (..., V, K).
-    fused : Opinion
-        The fused opinion, belief (..., K).
+        Each view's opinion, belief (..., V, K) and uncertainty (..., V).
+    mask : array of bool, shape (..., V), optional
+        The views fused (default: all).
 
     Returns
     -------
-    array of bool, shape (..., V)
+    array of int, shape (..., V)
 
     Examples
     --------
     >>> import numpy as np
-    >>> views = Opinion(np.array([[[0.6, 0.1], [0.1, 0.5]]]), np.array([[0.3, 0.4]]))
-    >>> top_class_agreement(views, Opinion(np.array([[0.5, 0.2]]), np.array([0.3]))).tolist()
-    [[True, False]]
+    >>> from fusion import opinion_from_evidence
+    >>> views = opinion_from_evidence(np.array([[[9.0, 1.0], [2.0, 3.0], [1.0, 4.0]]]))
+    >>> top_class_of_the_others(views).tolist()  # view 0 against [3, 7]; view 1 against [10, 5]
+    [[1, 0, 0]]
     """
-    xp = namespace(views.belief, fused.belief, xp=xp)
-    return xp.argmax(views.belief, axis=-1) == xp.argmax(fused.belief, axis=-1)[..., None]
+    b = views.belief
+    xp = namespace(b, views.uncertainty, xp=xp)
+    evidence = evidence_from_opinion(views, xp=xp)
+    if mask is not None:
+        evidence = xp.where(mask[..., None], evidence, xp.zeros_like(evidence))
+    before = xp.cumulative_sum(evidence, axis=-2, include_initial=True)[..., :-1, :]
+    flipped = xp.flip(evidence, axis=-2)
+    after = xp.flip(xp.cumulative_sum(flipped, axis=-2, include_initial=True)[..., :-1, :], axis=-2)
+    return xp.argmax(before + after, axis=-1)
+
+
+def agrees_with_the_others(views: Opinion, /, *, mask: Array | None = None, xp=None) -> tuple[Array, Array]:
+    """Whether each view's top class is that of the other views fused cumulatively
+    (:func:`top_class_of_the_others`), and where that is measured: the view fused beside another.
+
+    A label-free sign of a failing view, whichever view the fused answer follows: a view shuffled between
+    samples, stuck, or turned to noise agrees with the others at the chance level of two unrelated answers;
+    sound views at a rate a model measures on clean data (the manifest's ``view_agreement``). With two views
+    the two agree or disagree together: which one failed cannot be told.
+
+    Parameters
+    ----------
+    views : Opinion
+        Each view's opinion, belief (..., V, K) and uncertainty (..., V).
+    mask : array of bool, shape (..., V), optional
+        The views fused (default: all).
+
+    Returns
+    -------
+    agrees : array of bool, shape (..., V)
+        The view's top class (that of its belief, as of its projected probability) is the others'; False
+        where it is not compared.
+    compared : array of bool, shape (..., V)
+        The view is fused, and at least one other is.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fusion import opinion_from_evidence
+    >>> views = opinion_from_evidence(np.array([[[9.0, 1.0], [2.0, 3.0], [1.0, 4.0]]]))
+    >>> agrees, compared = agrees_with_the_others(views, mask=np.array([[True, True, False]]))
+    >>> agrees.tolist(), compared.tolist()  # views 0 and 1 against each other alone
+    ([[False, False, False]], [[True, True, False]])
+    """
+    b = views.belief
+    xp = namespace(b, views.uncertainty, xp=xp)
+    fused = xp.ones(b.shape[:-1], dtype=xp.bool) if mask is None else mask
+    others = xp.sum(xp.astype(fused, xp.int32), axis=-1, keepdims=True) - xp.astype(fused, xp.int32)
+    compared = fused & (others > 0)
+    agrees = (xp.argmax(b, axis=-1) == top_class_of_the_others(views, mask=mask, xp=xp)) & compared
+    return agrees, compared
 
 
 def discount(opinion: Opinion, eta: Array, /) -> Opinion:

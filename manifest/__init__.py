@@ -95,22 +95,35 @@ class OutOfRange(_Strict):
 
 
 class ViewAgreement(_Strict):
-    """How often one view's top class is the fused prediction's (``fusion.top_class_agreement``), over the
-    samples where it is fused beside another view: a label-free sign of a view that fails within its
-    training range (shuffled, stuck, turned to noise), which agrees far less. Measured on the clean
-    samples the flag's threshold is calibrated on (the calibration's ``fitted_on``), with the manifest's
-    fusion."""
+    """How often one view's top class is that of the other views fused cumulatively
+    (``fusion.agrees_with_the_others``), over the samples where it is fused beside another view: a
+    label-free sign of a view that fails within its training range (shuffled, stuck, turned to noise),
+    which agrees far less, whichever view the fused prediction follows. Measured on the clean samples the
+    flag's threshold is calibrated on (the calibration's ``fitted_on``); the fusion method plays no part."""
 
     clean: float = Field(ge=0, le=1, description="the share of clean calibration samples that agree")
+    clean_low: float = Field(
+        ge=0,
+        le=1,
+        description="the low end of that share's 95% interval (Clopper-Pearson): the clean rate the samples "
+        "vouch for, which the agreement alert measures against",
+    )
     samples: int = Field(ge=1, description="how many clean calibration samples it rests on")
     chance: float = Field(
         ge=0,
         le=1,
-        description="the share a view whose top class is independent of the fused one would agree on those "
-        "samples: the sum over classes of the view's share of top classes times the fused prediction's",
+        description="the share a view whose top class is independent of the other views' would agree on "
+        "those samples: the sum over classes of the view's share of top classes times the others'",
     )
     test: float | None = Field(default=None, ge=0, le=1, description="the share of clean test samples")
     test_samples: int | None = Field(default=None, ge=1, description="how many clean test samples")
+
+    @property
+    def alert_below(self) -> float:
+        """The agreement below which ``DBFViewDisagreement`` fires: halfway from the low end of the clean
+        rate's interval to chance (deploy/prometheus/alerts.yml), so that a clean rate measured on few
+        samples does not make clean traffic cross it."""
+        return (self.clean_low + self.chance) / 2
 
 
 class Metrics(_Strict):
@@ -295,8 +308,8 @@ class Manifest(_Strict):
     )
     view_agreement: dict[str, ViewAgreement] | None = Field(
         default=None,
-        description="per view, how often its top class is the fused prediction's on clean data; absent in "
-        "models exported before it was measured (they have no agreement alert)",
+        description="per view, how often its top class is that of the other views fused, on clean data; "
+        "absent in models exported before it was measured (they have no agreement alert)",
     )
 
     @model_validator(mode="before")

@@ -30,12 +30,12 @@ OUT_OF_RANGE = Counter(
     "Views sent too far outside their training range, fused as if missing: data unlike the training data.",
     ["model", "view"],
 )
-# A view's top class against the fused prediction's, where the view is fused beside another (alone, it is the
-# fused answer): a view failing within its training range agrees far less than on clean data. Counted only
-# for models whose manifest measured the clean rate (``view_agreement``).
+# A view's top class against that of the other views fused, where the view is fused beside another: a view
+# failing within its training range agrees far less than on clean data, even one the fused prediction
+# follows. Counted only for models whose manifest measured the clean rate (``view_agreement``).
 VIEW_AGREED = Counter(
     "dbf_view_agreed",
-    "Samples in which the view's top class is the fused prediction's (of those in dbf_view_compared).",
+    "Samples in which the view's top class is that of the other views fused (of those in dbf_view_compared).",
     ["model", "view"],
 )
 VIEW_COMPARED = Counter(
@@ -118,14 +118,14 @@ FLAG_CLEAN_RATE = Gauge(
 )
 VIEW_AGREEMENT_CLEAN_RATE = Gauge(
     "dbf_view_agreement_clean_rate",
-    "Share of clean samples in which the view's top class is the fused prediction's (the manifest's "
+    "Share of clean samples in which the view's top class is that of the other views fused (the manifest's "
     "view_agreement): the baseline of the agreement alert.",
     ["model", "view"],
     multiprocess_mode="livemax",
 )
 VIEW_AGREEMENT_CHANCE_RATE = Gauge(
     "dbf_view_agreement_chance_rate",
-    "The agreement of a view whose top class is independent of the fused prediction (the manifest's "
+    "The agreement of a view whose top class is independent of the other views' (the manifest's "
     "view_agreement chance level): what a view shuffled between samples tends to.",
     ["model", "view"],
     multiprocess_mode="livemax",

@@ -97,9 +97,9 @@ class LoadedModel:
 
     @cached_property
     def agreeing_views(self) -> tuple[slice | list[int], tuple[str, ...]] | None:
-        """The views whose agreement with the fused prediction is counted: those the manifest has a clean
+        """The views whose agreement with the other views fused is counted: those the manifest has a clean
         rate for (``view_agreement``), as an index of the view axis (a slice where all are: no copy) and
-        their names; None where it has none, or one view only (the fused answer is that view's)."""
+        their names; None where it has none, or one view only (it has no other to agree with)."""
         rates, views = self.manifest.view_agreement, self.manifest.views
         if not rates or len(views) < 2:
             return None

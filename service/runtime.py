@@ -9,7 +9,7 @@ import logging
 
 import numpy as np
 
-from fusion import fuse, opinion_from_evidence, top_class_agreement
+from fusion import agrees_with_the_others, fuse, opinion_from_evidence
 from service import metrics
 from service.errors import InvalidInput, ModelFault
 from service.inference import InferenceRequest, Result
@@ -70,13 +70,13 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
     fused = fuse(opinions, request.method, lam=request.lam, mask=mask)
     flag, calibration = manifest.conflict_flag, model.calibration
     max_conflict = fused.conflict.max(axis=(-1, -2))  # the same for every method and lambda
-    # The flag's threshold, the confidence calibrator, the conformal scores and the views' clean agreement
-    # were fitted on the manifest's fusion: every request is judged by that one, whatever fusion it asks for,
-    # so that the flag keeps its false-positive rate, the prediction sets their coverage, and the agreement
-    # its baseline.
+    # The flag's threshold, the confidence calibrator and the conformal scores were fitted on the manifest's
+    # fusion: every request is judged by that one, whatever fusion it asks for, so that the flag keeps its
+    # false-positive rate and the prediction sets their coverage.
     reference = fused
-    judged = flag.score == "uncertainty" or calibration is not None or model.agreeing_views is not None
-    if judged and ((manifest.fusion.method, manifest.fusion.lam) != (request.method, request.lam)):
+    if (flag.score == "uncertainty" or calibration is not None) and (
+        (manifest.fusion.method, manifest.fusion.lam) != (request.method, request.lam)
+    ):
         reference = fuse(opinions, manifest.fusion.method, lam=manifest.fusion.lam, mask=mask)
     score = reference.uncertainty if flag.score == "uncertainty" else max_conflict
     flagged = score >= flag.threshold
@@ -92,7 +92,7 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
         model, request, fused, max_conflict, flagged, blame, confidence, sets, out_of_range, present, complete
     )
     if model.agreeing_views is not None:
-        _record_agreement(model, opinions, reference, present, complete)
+        _record_agreement(model, opinions, mask)
     label = fused.probability.argmax(-1)
     if reference is not fused:
         # The calibrator's probability is that the model's own fusion's label is right: where the fusion asked
@@ -172,18 +172,13 @@ def _record(
                 view_children.flagged.inc(count)
 
 
-def _record_agreement(model, opinions, reference, fused_views, complete) -> None:
-    """Each measured view's agreement with the manifest's fusion's prediction, over the samples where it is
-    fused beside another view: one increment of each counter per view and batch."""
+def _record_agreement(model, opinions, fused_views) -> None:
+    """Each measured view's agreement with the other views fused (``fused_views``; None: all), over the
+    samples where it is fused beside another: one increment of each counter per view and batch."""
     measured, names = model.agreeing_views
-    agreed = top_class_agreement(opinions, reference, xp=np)[:, measured]
-    if complete:
-        compared = [len(agreed)] * len(names)
-    else:
-        beside = (fused_views & (fused_views.sum(-1, keepdims=True) >= 2))[:, measured]
-        agreed &= beside
-        compared = beside.sum(0).tolist()
-    counts = agreed.sum(0).tolist()
+    agrees, compared = agrees_with_the_others(opinions, mask=fused_views, xp=np)
+    counts = agrees[:, measured].sum(0).tolist()
+    compared = compared[:, measured].sum(0).tolist()
     for children, count, total in zip(
         metrics.agreement_children(model.name, names), counts, compared, strict=True
     ):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.stats
 
 import manifest
 from fusion import fuse, opinion_from_evidence
@@ -57,5 +58,10 @@ def test_committed_view_agreement_is_what_the_heads_give_on_the_splits_they_were
     assert committed.view_agreement == measured.view_agreement
     assert set(committed.view_agreement) == {view.name for view in committed.views}
     splits = committed.training["splits"]
-    for rates in committed.view_agreement.values():
+    for view, rates in committed.view_agreement.items():
         assert (rates.samples, rates.test_samples) == (splits["validation"], splits["test"])
+        agreed = round(rates.clean * rates.samples)  # the 95% Clopper-Pearson low end of agreed of samples
+        low = scipy.stats.beta.ppf(0.025, agreed, rates.samples - agreed + 1) if agreed else 0.0
+        assert rates.clean_low == pytest.approx(low, rel=1e-9), view
+        # Clean test traffic, other samples than those measured on, stays above the alert's threshold.
+        assert rates.test > rates.alert_below > rates.chance, view

@@ -141,7 +141,8 @@ def _view_agreement(args: argparse.Namespace) -> int:
             manifest = (write_agreement if args.write else measured_agreement)(directory, args.data_dir)
             for view, rates in (manifest.view_agreement or {}).items():
                 print(
-                    f"{manifest.name} {view}: clean {rates.clean:.3f} of {rates.samples}, chance "
+                    f"{manifest.name} {view}: clean {rates.clean:.3f} (low {rates.clean_low:.3f}) of "
+                    f"{rates.samples}, chance "
                     f"{rates.chance:.3f}, test {rates.test:.3f} of {rates.test_samples}"
                 )
         if args.failures:
@@ -513,11 +514,11 @@ def _add_calibration(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_view_agreement(commands: argparse._SubParsersAction) -> None:
-    """``view-agreement``: exported benchmark models' views against their fused prediction."""
+    """``view-agreement``: exported benchmark models' views against the other views fused."""
     agreement = commands.add_parser(
         "view-agreement",
-        help="measure exported benchmark models' view agreement with the fused prediction (the manifest's "
-        "view_agreement), and how broken views show in it",
+        help="measure how often each view of exported benchmark models agrees with the other views fused "
+        "(the manifest's view_agreement), and how broken views show in it",
     )
     agreement.add_argument("models", type=Path, nargs="+", help="model directories (models/NAME)")
     agreement.add_argument("--data-dir", type=Path, default=Path(os.environ.get("DBF_DATA_DIR", "data")))

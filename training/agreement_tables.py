@@ -1,4 +1,4 @@
-"""Exported models' views against their fused prediction: the manifest's ``view_agreement`` measured afresh,
+"""Exported models' views against the other views fused: the manifest's ``view_agreement`` measured afresh,
 and how a broken view shows in it (the table of ``docs/operations/alerts.md``).
 
 ``python -m training view-agreement models/handwritten ... --data-dir DIR`` rebuilds each model's validation
@@ -8,8 +8,9 @@ out of its training range (the manifest's ``out_of_range``) is fused as missing.
 measured section into each manifest (the heads, and every other figure, untouched); ``--failures`` prints,
 for each view broken in turn on the test split (shuffled between samples; all zeros, or the view's training
 mean where zeros are out of range; Gaussian noise of each feature's training mean and spread), each view's
-agreement, whether it falls below the alert's threshold (halfway from its clean rate to its chance level:
-deploy/prometheus/alerts.yml), the share of samples out of range, and the accuracy.
+agreement with the others, whether it falls below the alert's threshold (halfway from the low end of its
+clean rate's interval to its chance level: ``ViewAgreement.alert_below``), the share of samples out of
+range, and the accuracy.
 """
 
 from __future__ import annotations
@@ -21,19 +22,14 @@ from pathlib import Path
 
 import numpy as np
 
-from manifest import Manifest, ViewAgreement
+from manifest import Manifest
 from training.calibrate import FusedSplit, agreeing_views, view_agreement
 from training.export import exported_evidence, exported_range_excess
 from training.protocol import EvaluationSets, Samples, evaluation_sets
 from training.readers import read_registered
 from training.registry import dataset_spec
 
-__all__ = ["alert_threshold", "failure_table", "measured_agreement", "write_agreement"]
-
-
-def alert_threshold(rates: ViewAgreement) -> float:
-    """The agreement below which ``DBFViewDisagreement`` fires: halfway from the clean rate to chance."""
-    return (rates.clean + rates.chance) / 2
+__all__ = ["failure_table", "measured_agreement", "write_agreement"]
 
 
 def measured_agreement(directory: str | os.PathLike[str], data_dir: str | os.PathLike[str]) -> Manifest:
@@ -102,7 +98,7 @@ class _Measured:
 def _row(manifest: Manifest, v: int, how: str, clean: _Measured, broken: _Measured) -> str:
     names = [view.name for view in manifest.views]
     thresholds = {
-        u: alert_threshold(manifest.view_agreement[name])
+        u: manifest.view_agreement[name].alert_below
         for u, name in enumerate(names)
         if name in manifest.view_agreement
     }

@@ -52,7 +52,15 @@ from calibration import (
     scaled_probability,
     top_probability,
 )
-from fusion import FusedOpinion, Method, Opinion, fuse, opinion_from_evidence, top_class_agreement
+from fusion import (
+    FusedOpinion,
+    Method,
+    Opinion,
+    agrees_with_the_others,
+    fuse,
+    opinion_from_evidence,
+    top_class_of_the_others,
+)
 from manifest import (
     Calibration,
     CalibrationFigures,
@@ -387,42 +395,39 @@ def _opinion(opinion: Opinion, n: int) -> tuple[np.ndarray, np.ndarray]:
     return b, u
 
 
-# --- each view's agreement with the fused prediction --------------------------------------------------
+# --- each view's agreement with the other views fused ------------------------------------------------
 
 
 def agreeing_views(split: FusedSplit) -> tuple[np.ndarray, np.ndarray]:
-    """Which views of ``split``'s clean samples agree with the fused prediction, and where it is measured.
+    """Which views of ``split``'s clean samples agree with the other views fused, and where it is measured.
 
     Returns
     -------
     agreed : ndarray of bool, shape (N, V)
-        The view's top class is the fused one (:func:`fusion.top_class_agreement`), where compared.
+        The view's top class is that of the others fused (:func:`fusion.agrees_with_the_others`).
     compared : ndarray of bool, shape (N, V)
-        The view is fused beside another view: alone, it is the fused answer and agrees by definition.
+        The view is fused beside another view.
     """
     if split.views is None:
         raise ValueError("the split holds no per-view opinions: fuse it with FusedSplit.of_evidence")
-    belief = np.asarray(split.views.belief)
-    present = np.ones(belief.shape[:2], bool) if split.present is None else np.asarray(split.present, bool)
-    compared = present & (present.sum(axis=1, keepdims=True) >= 2)
-    agreed = np.asarray(top_class_agreement(split.views, split.clean)) & compared
-    return agreed, compared
+    agreed, compared = agrees_with_the_others(split.views, mask=split.present)
+    return np.asarray(agreed), np.asarray(compared)
 
 
 def view_agreement(
     fitted: FusedSplit, view_names: Sequence[str], *, test: FusedSplit | None = None
 ) -> dict[str, ViewAgreement] | None:
-    """The manifest's ``view_agreement``: per view, its agreement rate with the fused prediction on the
-    clean samples fitted on, the rate a view independent of the fused prediction would have there (its
-    chance level), and its rate on ``test``. Views never fused beside another are left out; None where no
-    view is.
+    """The manifest's ``view_agreement``: per view, its agreement rate with the other views fused on the
+    clean samples fitted on (with the low end of its 95% interval), the rate a view independent of the
+    others would have there (its chance level), and its rate on ``test``. Views never fused beside another
+    are left out; None where no view is.
 
     Examples
     --------
-    >>> belief = np.array([[[0.9, 0.0], [0.8, 0.0]], [[0.0, 0.9], [0.7, 0.0]]])
+    >>> belief = np.array([[[0.9, 0.0], [0.8, 0.0], [0.6, 0.1]], [[0.0, 0.9], [0.7, 0.0], [0.0, 0.8]]])
     >>> views = Opinion(belief, 1 - belief.sum(-1))
     >>> fused = Opinion(np.array([[0.95, 0.0], [0.1, 0.5]]), np.array([0.05, 0.4]))
-    >>> rates = view_agreement(FusedSplit(fused, np.array([0, 1]), views=views), ["a", "b"])
+    >>> rates = view_agreement(FusedSplit(fused, np.array([0, 1]), views=views), ["a", "b", "c"])
     >>> rates["a"].clean, rates["b"].clean, rates["b"].chance, rates["b"].samples
     (1.0, 0.5, 0.5, 2)
     """
@@ -437,6 +442,7 @@ def view_agreement(
         test_rate = None if tested is None else Rate.of(tested[0][tested[1][:, v], v])
         rates[name] = ViewAgreement(
             clean=fitted_rate.value,
+            clean_low=fitted_rate.interval[0],
             samples=fitted_rate.total,
             chance=chance[v],
             test=test_rate.value if test_rate and test_rate.total else None,
@@ -446,19 +452,19 @@ def view_agreement(
 
 
 def _chance_agreement(split: FusedSplit, compared: np.ndarray) -> list[float]:
-    """Per view, the agreement of a top class drawn independently of the fused one (as a view shuffled
-    between samples has): the sum over classes of the view's share of top classes times the fused
-    prediction's, over the samples where the view is compared."""
+    """Per view, the agreement of a top class drawn independently of the other views' (as a view shuffled
+    between samples has): the sum over classes of the view's share of top classes times the others', over
+    the samples where the view is compared."""
     view_top = np.asarray(split.views.belief).argmax(axis=-1)
-    fused_top = np.asarray(split.clean.belief).argmax(axis=-1)
-    k = np.asarray(split.clean.belief).shape[-1]
+    others_top = np.asarray(top_class_of_the_others(split.views, mask=split.present))
+    k = np.asarray(split.views.belief).shape[-1]
     out = []
     for v in range(compared.shape[1]):
         rows = compared[:, v]
         n = max(int(rows.sum()), 1)
         view_share = np.bincount(view_top[rows, v], minlength=k) / n
-        fused_share = np.bincount(fused_top[rows], minlength=k) / n
-        out.append(float(view_share @ fused_share))
+        others_share = np.bincount(others_top[rows, v], minlength=k) / n
+        out.append(float(view_share @ others_share))
     return out
 
 
@@ -582,8 +588,8 @@ class PostHoc:
                 f"the flag hardly tells conflictive test samples from clean ones: it raised "
                 f"{conflictive.value:.1%} of conflictive and {clean.value:.1%} of clean ones (less than "
                 f"{BLIND_FLAG_LIFT:g} times, or none): do not route samples on it alone, and its alerts "
-                "cannot see a modality that fails within its training range (the views' agreement with the "
-                "fused prediction can: DBFViewDisagreement). Seen where the views each "
+                "cannot see a modality that fails within its training range (each view's agreement with "
+                "the others can: DBFViewDisagreement). Seen where the views each "
                 "classify weakly and seldom disagree with confidence"
             )
         return notes

@@ -221,7 +221,7 @@ def conflict_detection(report: FitReport, manifest: Manifest) -> Section:
 
 
 def view_agreement(report: FitReport, manifest: Manifest) -> Section | None:
-    """How often each view's top class is the fused prediction's, fitted on and on the test split: the
+    """How often each view's top class is that of the other views fused, fitted on and on the test split: the
     baseline of the agreement alert, and where it fires."""
     rates = manifest.view_agreement
     if not rates:
@@ -235,20 +235,21 @@ def view_agreement(report: FitReport, manifest: Manifest) -> Section | None:
         on_fitted, on_test = (Rate.of(agreed[compared[:, v], v]) for agreed, compared in (fitted, test))
         rows.append(
             f"| `{view.name}` | {_rate_of(on_fitted)} | {_rate_of(on_test)} | {_percent(measured.chance)} | "
-            f"{_percent((measured.clean + measured.chance) / 2)} |"
+            f"{_percent(measured.alert_below)} |"
         )
     text = (
-        "How often each view's own top class is the fused prediction, on samples where it is fused beside "
-        f"another view, on {_samples(report.post_hoc.fitted_on)} and on the test split, with 95% intervals; "
-        "and the agreement of a view whose top class is independent of the fused one (chance: what a view "
-        "shuffled between samples tends to). No label is needed to count it, "
-        "so the service does, per view (`dbf_view_agreed_total`, `dbf_view_compared_total`): a view failing "
-        "within its training range (shuffled, stuck, turned to noise) agrees far less, and the "
-        "`DBFViewDisagreement` alert fires when a view's agreement falls below halfway from its clean rate "
-        "to chance. A view the fused answer follows drags that answer along when it fails: then the other "
-        "views' agreement falls instead.\n\n"
-        "| view | agreement, fitted on | agreement, test | chance | alert below |\n|---|---|---|---|---|\n"
-        + "\n".join(rows)
+        "How often each view's own top class is that of the other views fused (their evidence summed), on "
+        f"samples where it is fused beside another view, on {_samples(report.post_hoc.fitted_on)} and on "
+        "the test split, with 95% intervals; and the agreement of a view whose top class is independent of "
+        "the others' (chance: what a view shuffled between samples tends to). No label is needed to count "
+        "it, so the service does, per view (`dbf_view_agreed_total`, `dbf_view_compared_total`): a view "
+        "failing within its training range (shuffled, stuck, turned to noise) agrees far less, even one the "
+        "fused prediction follows, and the `DBFViewDisagreement` alert fires when a view's agreement falls "
+        "below halfway from the low end of its clean rate's interval to chance (the last column). A view "
+        "that dominates the others' consensus drags the views it is compared with down beside it; with two "
+        "views the two agree or disagree together, and which one failed cannot be told.\n\n"
+        "| view | agreement with the others, fitted on | agreement with the others, test | chance | "
+        "alert below |\n|---|---|---|---|---|\n" + "\n".join(rows)
     )
     return Section("View agreement", text)
 

@@ -1,6 +1,6 @@
-"""Each view's agreement with the fused prediction, counted by the service (black-box, over HTTP): a view
-broken within its training range agrees far less than its clean rate, the others do not move; a manifest
-without the section serves as before, with no such series."""
+"""Each view's agreement with the other views fused, counted by the service (black-box, over HTTP): a view
+broken within its training range agrees far less than its clean rate, the others stay above their
+thresholds; a manifest without the section serves as before, with no such series."""
 
 from __future__ import annotations
 
@@ -67,24 +67,27 @@ def test_split(data_dir) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.data
-def test_a_shuffled_view_falls_below_its_threshold_and_the_others_stay_at_their_clean_rates(url, test_split):
+def test_a_shuffled_view_falls_below_its_threshold_and_the_others_stay_above_theirs(url, test_split):
     rates = HANDWRITTEN.view_agreement
     clean = agreement(url, test_split)
     for view in VIEWS:  # the same samples as the manifest's test figure, fused alike
         assert clean[view] == pytest.approx(rates[view].test, abs=0.005), view
+        assert clean[view] > rates[view].alert_below, view
     shuffled = np.random.default_rng(0).permutation(len(test_split["pix"]))
     broken = agreement(url, {**test_split, "pix": test_split["pix"][shuffled]})
-    threshold = (rates["pix"].clean + rates["pix"].chance) / 2
-    assert broken["pix"] < threshold < clean["pix"]
-    assert broken["pix"] < 0.2, broken["pix"]
+    assert broken["pix"] < rates["pix"].alert_below < clean["pix"]
+    assert broken["pix"] < 0.2, broken["pix"]  # near chance (10%)
+    # The others are compared with a consensus that holds the shuffled pix, which weighs much in it: they
+    # fall too, but less, and stay above their thresholds: the alert names pix alone, the view agreeing least.
     for view in VIEWS[1:]:
-        assert broken[view] == pytest.approx(clean[view], abs=0.05), view
-        assert broken[view] > (rates[view].clean + rates[view].chance) / 2
+        assert broken["pix"] < broken[view] < clean[view], view
+        assert broken[view] > rates[view].alert_below, view
 
 
 @pytest.mark.data
-def test_agreement_is_judged_by_the_models_own_fusion_whatever_a_request_asks_for(url, test_split):
-    # Its clean rate was measured with DBF: averaging (baf) answers other labels, not another baseline.
+def test_agreement_does_not_depend_on_the_fusion_a_request_asks_for(url, test_split):
+    # The views are compared with each other's evidence summed, not with a fused answer: averaging (baf),
+    # which answers other labels on this split than the model's DBF, counts the same.
     assert agreement(url, test_split, method="baf") == agreement(url, test_split)
 
 

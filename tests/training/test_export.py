@@ -7,6 +7,7 @@ import hashlib
 import numpy as np
 import onnxruntime
 import pytest
+import scipy.stats
 import torch
 
 from fusion import Opinion, opinion_from_evidence
@@ -122,13 +123,19 @@ def test_the_flag_keeps_the_score_that_flags_more_conflictive_samples_at_its_thr
     assert np.mean(clean[score] >= threshold) == pytest.approx(0.05, abs=0.002)
 
 
-def test_view_agreement_counts_each_view_against_the_fused_prediction_where_fused_beside_another():
-    # Five samples, three views, three classes. Sample 4 has view a alone: it is the fused answer there and
-    # counts for nothing. Views' top classes (rows: samples, columns: a, b, c; - absent) and the fused one:
-    #   0: 0 0 1 -> 0     1: 1 2 1 -> 1     2: 2 2 2 -> 2     3: 0 - 0 -> 1     4: 1 - - -> 1
+def test_view_agreement_counts_each_view_against_the_other_views_fused_where_fused_beside_another():
+    # Five samples, three views, three classes; each view has evidence for its top class alone: a 9, b 6,
+    # c 3, so the others' sum never ties. Views' top classes (columns a, b, c; - absent) and, per view, the
+    # top class of the others summed (x: not compared):
+    #   0: 0 0 1 -> a: 0 (b 6, c 3)   b: 0 (a 9, c 3)   c: 0 (a 9, b 6)   agree: a b -
+    #   1: 1 2 1 -> a: 2 (b 6, c 3)   b: 1 (a 9, c 3)   c: 1 (a 9, b 6)   agree: - - c
+    #   2: 2 2 2 -> 2 for each                                         agree: a b c
+    #   3: 0 - 0 -> a: 0 (c)          b: x              c: 0 (a)          agree: a c
+    #   4: 1 - - -> a alone: x
+    # The fused opinion plays no part (it is given as 0, 1, 2, 1, 1; view a would agree with it in 0-2).
     top = np.array([[0, 0, 1], [1, 2, 1], [2, 2, 2], [0, 0, 0], [1, 0, 0]])
     present = np.array([[1, 1, 1], [1, 1, 1], [1, 1, 1], [1, 0, 1], [1, 0, 0]], bool)
-    evidence = np.eye(3)[top] * 9.0  # each view: evidence 9 for its top class
+    evidence = np.eye(3)[top] * np.array([9.0, 6.0, 3.0])[:, None]
     fused_top = np.array([0, 1, 2, 1, 1])
     fused = Opinion(np.eye(3)[fused_top] * 0.5, np.full(5, 0.5))
     split = FusedSplit(fused, fused_top, views=opinion_from_evidence(evidence), present=present)
@@ -136,17 +143,24 @@ def test_view_agreement_counts_each_view_against_the_fused_prediction_where_fuse
 
     rates = view_agreement(split, ["a", "b", "c"], test=test)
 
-    # a: samples 0-3 compared, agrees in 0, 1, 2; its top classes 0, 1, 2, 0 against fused 0, 1, 2, 1.
+    # a: samples 0-3 compared, agrees in 0, 2, 3. Chance: its tops 0, 1, 2, 0 (shares 2/4, 1/4, 1/4) against
+    # the others' 0, 2, 2, 0 (2/4, 0, 2/4).
     assert (rates["a"].clean, rates["a"].samples) == (0.75, 4)
-    assert rates["a"].chance == pytest.approx((2 / 4) * (1 / 4) + (1 / 4) * (2 / 4) + (1 / 4) * (1 / 4))
-    # b: samples 0-2, agrees in 0 and 2; tops 0, 2, 2 against 0, 1, 2.
+    assert rates["a"].chance == pytest.approx((2 / 4) * (2 / 4) + (1 / 4) * 0 + (1 / 4) * (2 / 4))  # 3/8
+    # The alert starts from the low end of the clean rate's 95% Clopper-Pearson interval: 3 of 4.
+    assert rates["a"].clean_low == pytest.approx(scipy.stats.beta.ppf(0.025, 3, 4 - 3 + 1))
+    assert rates["a"].alert_below == pytest.approx((rates["a"].clean_low + 3 / 8) / 2)
+    # b: samples 0-2, agrees in 0 and 2; tops 0, 2, 2 (1/3, 0, 2/3) against the others' 0, 1, 2 (1/3 each).
     assert (rates["b"].clean, rates["b"].samples) == (2 / 3, 3)
     assert rates["b"].chance == pytest.approx((1 / 3) * (1 / 3) + (2 / 3) * (1 / 3))
-    # c: samples 0-3, agrees in 1 and 2; tops 1, 1, 2, 0 against 0, 1, 2, 1.
-    assert (rates["c"].clean, rates["c"].samples) == (0.5, 4)
-    # The test split has every view everywhere: all five samples count, sample 4's view a too.
-    assert (rates["a"].test, rates["a"].test_samples) == (0.8, 5)
-    assert (rates["b"].test, rates["c"].test) == (0.4, 0.4)
+    # c: samples 0-3, agrees in 1, 2 and 3; tops 1, 1, 2, 0 (1/4, 2/4, 1/4) against the others' 0, 1, 2, 0
+    # (2/4, 1/4, 1/4): chance 5/16.
+    assert (rates["c"].clean, rates["c"].samples) == (0.75, 4)
+    assert rates["c"].chance == pytest.approx((1 / 4) * (2 / 4) + (2 / 4) * (1 / 4) + (1 / 4) * (1 / 4))
+    # The test split has every view everywhere: all five samples count. Sample 3 (0 0 0) agrees in every
+    # view; sample 4 (1 0 0) in none: a's others 0 (b 6, c 3), b's and c's 1 (a 9). Each view: 3 of 5.
+    assert (rates["a"].test, rates["a"].test_samples) == (0.6, 5)
+    assert (rates["b"].test, rates["c"].test) == (0.6, 0.6)
 
 
 def test_view_agreement_is_none_where_no_view_is_fused_beside_another():
