@@ -116,10 +116,10 @@ FLAG_CLEAN_RATE = Gauge(
     ["model"],
     multiprocess_mode="livemax",
 )
-VIEW_AGREEMENT_CLEAN_RATE = Gauge(
-    "dbf_view_agreement_clean_rate",
-    "Share of clean samples in which the view's top class is that of the other views fused (the manifest's "
-    "view_agreement): the baseline of the agreement alert.",
+VIEW_AGREEMENT_CLEAN_LOW = Gauge(
+    "dbf_view_agreement_clean_low",
+    "Share of clean samples in which the view's top class is that of the other views fused, at the low end "
+    "of its 95% interval (the manifest's view_agreement clean_low): the baseline of the agreement alert.",
     ["model", "view"],
     multiprocess_mode="livemax",
 )
@@ -189,9 +189,9 @@ def describe_flag_clean_rates(rates: dict[str, float]) -> None:
 
 
 def describe_view_agreement(rates: dict[tuple[str, str], tuple[float, float]]) -> None:
-    """``dbf_view_agreement_clean_rate`` and ``..._chance_rate`` of each (model, view) measured, of the
-    models loaded now: (clean rate, chance level)."""
-    _publish(VIEW_AGREEMENT_CLEAN_RATE, {labels: clean for labels, (clean, _) in rates.items()})
+    """``dbf_view_agreement_clean_low`` and ``..._chance_rate`` of each (model, view) measured, of the
+    models loaded now: (the low end of the clean rate's interval, chance level)."""
+    _publish(VIEW_AGREEMENT_CLEAN_LOW, {labels: clean for labels, (clean, _) in rates.items()})
     _publish(VIEW_AGREEMENT_CHANCE_RATE, {labels: chance for labels, (_, chance) in rates.items()})
 
 

@@ -43,7 +43,7 @@ def serve(plane: DataPlane, repository: Repository) -> None:
     )
     metrics.describe_view_agreement(
         {
-            (m.name, view): (rates.clean, rates.chance)
+            (m.name, view): (rates.clean_low, rates.chance)
             for m in loaded
             for view, rates in (m.manifest.view_agreement or {}).items()
         }

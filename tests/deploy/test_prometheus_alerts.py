@@ -226,7 +226,7 @@ def test_conflict_and_view_alerts_fire_on_real_traffic_and_name_the_view(data_di
                 ("DBFHighConflictRate", "warning", ""),
                 ("DBFHighConflictRate", "critical", ""),
                 ("DBFModalityConflict", "warning", TAMPERED_VIEW),
-                ("DBFViewDisagreement", "warning", TAMPERED_VIEW),  # another class's: seldom the fused one
+                ("DBFViewDisagreement", "warning", TAMPERED_VIEW),  # another class's: seldom the others'
             }
             deadline = time.monotonic() + 90
             while not all(states.get(key, [""])[-1] == "firing" for key in wanted):

@@ -98,10 +98,10 @@ def test_samples_with_one_view_are_not_compared(url):
     assert counts(url) == before
 
 
-def test_each_views_clean_rate_and_chance_level_are_published_from_the_manifest(url):
+def test_each_views_clean_rates_low_end_and_chance_level_are_published_from_the_manifest(url):
     for view, rates in HANDWRITTEN.view_agreement.items():
         labels = {"model": "handwritten", "view": view}
-        assert metric(url, "dbf_view_agreement_clean_rate", **labels) == rates.clean
+        assert metric(url, "dbf_view_agreement_clean_low", **labels) == rates.clean_low
         assert metric(url, "dbf_view_agreement_chance_rate", **labels) == rates.chance
 
 
@@ -113,4 +113,4 @@ def test_a_model_without_the_section_serves_and_has_no_agreement_series(url):
     assert 'dbf_predictions_total{method="dbf",model="legacy"} 3.0' in text
     series = ("dbf_view_agreed", "dbf_view_compared", "dbf_view_agreement")
     assert not [line for line in text.splitlines() if line.startswith(series) and 'model="legacy"' in line]
-    assert 'dbf_view_agreement_clean_rate{model="handwritten",view="pix"}' in text
+    assert 'dbf_view_agreement_clean_low{model="handwritten",view="pix"}' in text
