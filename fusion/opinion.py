@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fusion._array import Array, as_floating, namespace, sum_last
+from fusion._array import Array, as_floating, namespace, sum_last, sum_of_the_others
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +113,8 @@ def evidence_from_opinion(opinion: Opinion, /, *, xp=None) -> Array:
     xp = namespace(b, u, xp=xp)
     k = b.shape[-1]
     u = u[..., None]
+    if xp is np and u.all():  # no dogmatic opinion (none comes from finite evidence): the plain ratio
+        return k * b / u
     positive = u > 0
     finite = k * b / xp.where(positive, u, xp.ones_like(u))
     return xp.where(positive, finite, xp.where(b > 0, xp.asarray(float("inf"), dtype=b.dtype), 0 * b))
@@ -163,10 +165,7 @@ def top_class_of_the_others(views: Opinion, /, *, mask: Array | None = None, xp=
     evidence = evidence_from_opinion(views, xp=xp)
     if mask is not None:
         evidence = xp.where(mask[..., None], evidence, xp.zeros_like(evidence))
-    before = xp.cumulative_sum(evidence, axis=-2, include_initial=True)[..., :-1, :]
-    flipped = xp.flip(evidence, axis=-2)
-    after = xp.flip(xp.cumulative_sum(flipped, axis=-2, include_initial=True)[..., :-1, :], axis=-2)
-    return xp.argmax(before + after, axis=-1)
+    return xp.argmax(sum_of_the_others(evidence, xp), axis=-1)
 
 
 def agrees_with_the_others(views: Opinion, /, *, mask: Array | None = None, xp=None) -> tuple[Array, Array]:
@@ -204,9 +203,11 @@ def agrees_with_the_others(views: Opinion, /, *, mask: Array | None = None, xp=N
     """
     b = views.belief
     xp = namespace(b, views.uncertainty, xp=xp)
-    fused = xp.ones(b.shape[:-1], dtype=xp.bool) if mask is None else mask
-    others = xp.sum(xp.astype(fused, xp.int32), axis=-1, keepdims=True) - xp.astype(fused, xp.int32)
-    compared = fused & (others > 0)
+    if mask is None:  # every view fused: each beside the others, if there are others
+        compared = xp.full(b.shape[:-1], b.shape[-2] > 1, dtype=xp.bool)
+    else:
+        fused = xp.astype(mask, xp.int32)
+        compared = mask & (xp.sum(fused, axis=-1, keepdims=True) - fused > 0)
     agrees = (xp.argmax(b, axis=-1) == top_class_of_the_others(views, mask=mask, xp=xp)) & compared
     return agrees, compared
 

@@ -254,6 +254,41 @@ def children(model: str, method: str, views: list[str]) -> ModelChildren:
     return _children(model, method, tuple(views))
 
 
+class AgreementSampler:
+    """Which batches of a model have their views' agreement counted, and which of their samples: at most
+    one batch every ``interval`` seconds, on up to :data:`AGREEMENT_ROWS` samples evenly spaced; with an
+    interval of 0, every sample. Chosen by time, not by content, the samples counted are a fair share of
+    the traffic, and the cost is bounded whatever the traffic.
+
+    Examples
+    --------
+    >>> sampler = AgreementSampler(60.0)
+    >>> sampler.rows(256), sampler.rows(256)  # the second batch within the minute: not counted
+    (slice(None, None, 16), None)
+    >>> AgreementSampler(0.0).rows(256)
+    slice(None, None, None)
+    """
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._due = -math.inf
+
+    def rows(self, samples: int) -> slice | None:
+        """The rows of a batch of ``samples`` to count, or None: not this batch. Threads may race here:
+        at worst two batches are counted where one would be, which no rate notices."""
+        if not self.interval:
+            return slice(None)
+        now = time.monotonic()
+        if now < self._due:
+            return None
+        self._due = now + self.interval
+        return slice(None, None, -(-samples // AGREEMENT_ROWS))
+
+
+AGREEMENT_ROWS = 16
+"""The most samples of a batch whose views' agreement is counted (:class:`AgreementSampler`)."""
+
+
 @dataclass(frozen=True)
 class AgreementChildren:
     """One view's agreement counters: the samples it agreed in, of those it was compared in."""

@@ -27,6 +27,7 @@ from calibration import ModelCalibration
 from fusion import METHODS
 from manifest import Manifest
 from service.inference import ModelSignature, ViewSpec
+from service.metrics import AgreementSampler
 from service.outputs import answer_values
 from service.placement import (
     CPU,
@@ -64,6 +65,8 @@ class LoadedModel:
     # view -> what its head gives: evidence, and range_excess unless exported before range checks existed
     outputs: dict[str, list[str]] = field(default_factory=dict, repr=False)
     placement: Placement = field(default_factory=lambda: fixed(CPU, "not measured"))
+    # which batches have their views' agreement counted (DBF_AGREEMENT_INTERVAL_SECONDS)
+    agreement: AgreementSampler = field(default_factory=lambda: AgreementSampler(0.0), repr=False)
 
     @property
     def name(self) -> str:
@@ -439,6 +442,7 @@ def _load_model(
         _calibration(path, manifest),
         outputs,
         placement,
+        AgreementSampler(settings.agreement_interval_seconds),
     )
 
 
