@@ -23,10 +23,12 @@ from fusion.operators import METHODS, Method, baf, bcf, cbf, dbf, fuse, gbaf
 from fusion.opinion import (
     FusedOpinion,
     Opinion,
+    agrees_with_the_others,
     discount,
     evidence_from_opinion,
     opinion_from_evidence,
     projected_probability,
+    top_class_of_the_others,
     vacuous_where_missing,
 )
 
@@ -36,6 +38,7 @@ __all__ = [
     "Method",
     "Opinion",
     "agreement",
+    "agrees_with_the_others",
     "baf",
     "bcf",
     "cbf",
@@ -51,5 +54,6 @@ __all__ = [
     "opinion_from_evidence",
     "projected_distance",
     "projected_probability",
+    "top_class_of_the_others",
     "vacuous_where_missing",
 ]

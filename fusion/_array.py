@@ -58,6 +58,28 @@ def sum_last(x: Array, xp: Any) -> Array:
     return xp.sum(x, axis=-1)
 
 
+def sum_of_the_others(x: Array, xp: Any) -> Array:
+    """For each row of the second-to-last axis, the sum of the other rows: ``(..., V, K) -> (..., V, K)``.
+
+    The rows before it plus the rows after it, never the total minus the row: one row can be orders of
+    magnitude above the others, and the difference of two large sums would lose theirs. numpy gets the
+    fewest calls (these batches are small, and its calls' fixed cost dominates); other backends the
+    array API's cumulative sums.
+    """
+    v = x.shape[-2]
+    if xp is _numpy and v >= 2:
+        before = _numpy.cumsum(x, axis=-2)  # inclusive: row i holds rows 0..i
+        after = _numpy.cumsum(x[..., ::-1, :], axis=-2)[..., ::-1, :]  # row i holds rows i..V-1
+        out = _numpy.empty_like(x)
+        out[..., 0, :] = after[..., 1, :]
+        out[..., -1, :] = before[..., -2, :]
+        _numpy.add(before[..., :-2, :], after[..., 2:, :], out=out[..., 1:-1, :])
+        return out
+    before = xp.cumulative_sum(x, axis=-2, include_initial=True)[..., :-1, :]
+    reversed_sums = xp.cumulative_sum(xp.flip(x, axis=-2), axis=-2, include_initial=True)
+    return before + xp.flip(reversed_sums[..., :-1, :], axis=-2)
+
+
 def pairwise_l1(x: Array, xp: Any) -> Array:
     """Pairwise L1 distances between the rows of ``x``: ``(..., V, K) -> (..., V, V)``.
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fusion._array import Array, as_floating, namespace, sum_last
+from fusion._array import Array, as_floating, namespace, sum_last, sum_of_the_others
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +113,8 @@ def evidence_from_opinion(opinion: Opinion, /, *, xp=None) -> Array:
     xp = namespace(b, u, xp=xp)
     k = b.shape[-1]
     u = u[..., None]
+    if xp is np and u.all():  # no dogmatic opinion (none comes from finite evidence): the plain ratio
+        return k * b / u
     positive = u > 0
     finite = k * b / xp.where(positive, u, xp.ones_like(u))
     return xp.where(positive, finite, xp.where(b > 0, xp.asarray(float("inf"), dtype=b.dtype), 0 * b))
@@ -128,6 +130,86 @@ def projected_probability(opinion: Opinion, /, *, xp=None) -> Array:
     """
     b, u = opinion.belief, opinion.uncertainty
     return b + (u / b.shape[-1])[..., None]
+
+
+def top_class_of_the_others(views: Opinion, /, *, mask: Array | None = None, xp=None) -> Array:
+    """For each view, the top class of the other views fused cumulatively: the argmax of their evidence
+    summed (BCF's fused evidence, section 3.3), the views outside ``mask`` left out. Ties, and views with no
+    other, go to the lowest class.
+
+    The sums exclude the view by adding the views before it to those after it, never by subtracting it
+    from the total: one view's evidence can be orders of magnitude above the others', and a difference of
+    two large float32 sums would lose theirs.
+
+    Parameters
+    ----------
+    views : Opinion
+        Each view's opinion, belief (..., V, K) and uncertainty (..., V).
+    mask : array of bool, shape (..., V), optional
+        The views fused (default: all).
+
+    Returns
+    -------
+    array of int, shape (..., V)
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fusion import opinion_from_evidence
+    >>> views = opinion_from_evidence(np.array([[[9.0, 1.0], [2.0, 3.0], [1.0, 4.0]]]))
+    >>> top_class_of_the_others(views).tolist()  # view 0 against [3, 7]; view 1 against [10, 5]
+    [[1, 0, 0]]
+    """
+    b = views.belief
+    xp = namespace(b, views.uncertainty, xp=xp)
+    evidence = evidence_from_opinion(views, xp=xp)
+    if mask is not None:
+        evidence = xp.where(mask[..., None], evidence, xp.zeros_like(evidence))
+    return xp.argmax(sum_of_the_others(evidence, xp), axis=-1)
+
+
+def agrees_with_the_others(views: Opinion, /, *, mask: Array | None = None, xp=None) -> tuple[Array, Array]:
+    """Whether each view's top class is that of the other views fused cumulatively
+    (:func:`top_class_of_the_others`), and where that is measured: the view fused beside another.
+
+    A label-free sign of a failing view, whichever view the fused answer follows: a view shuffled between
+    samples, stuck, or turned to noise agrees with the others at the chance level of two unrelated answers;
+    sound views at a rate a model measures on clean data (the manifest's ``view_agreement``). With two views
+    the two agree or disagree together: which one failed cannot be told.
+
+    Parameters
+    ----------
+    views : Opinion
+        Each view's opinion, belief (..., V, K) and uncertainty (..., V).
+    mask : array of bool, shape (..., V), optional
+        The views fused (default: all).
+
+    Returns
+    -------
+    agrees : array of bool, shape (..., V)
+        The view's top class (that of its belief, as of its projected probability) is the others'; False
+        where it is not compared.
+    compared : array of bool, shape (..., V)
+        The view is fused, and at least one other is.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fusion import opinion_from_evidence
+    >>> views = opinion_from_evidence(np.array([[[9.0, 1.0], [2.0, 3.0], [1.0, 4.0]]]))
+    >>> agrees, compared = agrees_with_the_others(views, mask=np.array([[True, True, False]]))
+    >>> agrees.tolist(), compared.tolist()  # views 0 and 1 against each other alone
+    ([[False, False, False]], [[True, True, False]])
+    """
+    b = views.belief
+    xp = namespace(b, views.uncertainty, xp=xp)
+    if mask is None:  # every view fused: each beside the others, if there are others
+        compared = xp.full(b.shape[:-1], b.shape[-2] > 1, dtype=xp.bool)
+    else:
+        fused = xp.astype(mask, xp.int32)
+        compared = mask & (xp.sum(fused, axis=-1, keepdims=True) - fused > 0)
+    agrees = (xp.argmax(b, axis=-1) == top_class_of_the_others(views, mask=mask, xp=xp)) & compared
+    return agrees, compared
 
 
 def discount(opinion: Opinion, eta: Array, /) -> Opinion:

@@ -94,6 +94,38 @@ class OutOfRange(_Strict):
     )
 
 
+class ViewAgreement(_Strict):
+    """How often one view's top class is that of the other views fused cumulatively
+    (``fusion.agrees_with_the_others``), over the samples where it is fused beside another view: a
+    label-free sign of a view that fails within its training range (shuffled, stuck, turned to noise),
+    which agrees far less, whichever view the fused prediction follows. Measured on the clean samples the
+    flag's threshold is calibrated on (the calibration's ``fitted_on``); the fusion method plays no part."""
+
+    clean: float = Field(ge=0, le=1, description="the share of clean calibration samples that agree")
+    clean_low: float = Field(
+        ge=0,
+        le=1,
+        description="the low end of that share's 95% interval (Clopper-Pearson): the clean rate the samples "
+        "vouch for, which the agreement alert measures against",
+    )
+    samples: int = Field(ge=1, description="how many clean calibration samples it rests on")
+    chance: float = Field(
+        ge=0,
+        le=1,
+        description="the share a view whose top class is independent of the other views' would agree on "
+        "those samples: the sum over classes of the view's share of top classes times the others'",
+    )
+    test: float | None = Field(default=None, ge=0, le=1, description="the share of clean test samples")
+    test_samples: int | None = Field(default=None, ge=1, description="how many clean test samples")
+
+    @property
+    def alert_below(self) -> float:
+        """The agreement below which ``DBFViewDisagreement`` fires: halfway from the low end of the clean
+        rate's interval to chance (deploy/prometheus/alerts.yml), so that a clean rate measured on few
+        samples does not make clean traffic cross it."""
+        return (self.clean_low + self.chance) / 2
+
+
 class Metrics(_Strict):
     acc_normal: float = Field(ge=0, le=1, description="accuracy on the clean held-out test split")
     acc_conflict: float = Field(ge=0, le=1, description="accuracy on its conflictive copy")
@@ -274,6 +306,11 @@ class Manifest(_Strict):
     out_of_range: OutOfRange = Field(
         default=OutOfRange(), description="when a view's features are too far outside its training range"
     )
+    view_agreement: dict[str, ViewAgreement] | None = Field(
+        default=None,
+        description="per view, how often its top class is that of the other views fused, on clean data; "
+        "absent in models exported before it was measured (they have no agreement alert)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -302,6 +339,13 @@ class Manifest(_Strict):
         return views
 
     @model_validator(mode="after")
+    def _agreement_of_known_views(self) -> Manifest:
+        unknown = set(self.view_agreement or ()) - {view.name for view in self.views}
+        if unknown:
+            raise ValueError(f"view_agreement names views the model does not have: {sorted(unknown)}")
+        return self
+
+    @model_validator(mode="after")
     def _classes_distinct(self) -> Manifest:
         if len(set(self.classes)) != len(self.classes):
             raise ValueError("class names must be distinct")
@@ -316,6 +360,8 @@ class Manifest(_Strict):
         absent: dict[str, object] = {"calibration": True, "version": True} if self.schema_version == 1 else {}
         if "out_of_range" not in self.model_fields_set:
             absent["out_of_range"] = True
+        if self.view_agreement is None:
+            absent["view_agreement"] = True
         if self.calibration is not None and "fitted_on" not in self.calibration.model_fields_set:
             absent.setdefault("calibration", {"fitted_on": True})
         content = self.model_dump(mode="json", by_alias=True, exclude=absent)
@@ -348,6 +394,7 @@ __all__ = [
     "Metrics",
     "OutOfRange",
     "TemperatureCalibration",
+    "ViewAgreement",
     "ViewEntry",
     "json_schema_text",
 ]

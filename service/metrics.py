@@ -30,6 +30,19 @@ OUT_OF_RANGE = Counter(
     "Views sent too far outside their training range, fused as if missing: data unlike the training data.",
     ["model", "view"],
 )
+# A view's top class against that of the other views fused, where the view is fused beside another: a view
+# failing within its training range agrees far less than on clean data, even one the fused prediction
+# follows. Counted only for models whose manifest measured the clean rate (``view_agreement``).
+VIEW_AGREED = Counter(
+    "dbf_view_agreed",
+    "Samples in which the view's top class is that of the other views fused (of those in dbf_view_compared).",
+    ["model", "view"],
+)
+VIEW_COMPARED = Counter(
+    "dbf_view_compared",
+    "Samples in which the view is fused beside another view: where its agreement is measured.",
+    ["model", "view"],
+)
 UNCERTAINTY = Histogram(
     "dbf_fused_uncertainty", "Fused uncertainty per sample.", ["model", "method"], buckets=_UNIT
 )
@@ -103,14 +116,38 @@ FLAG_CLEAN_RATE = Gauge(
     ["model"],
     multiprocess_mode="livemax",
 )
+VIEW_AGREEMENT_CLEAN_LOW = Gauge(
+    "dbf_view_agreement_clean_low",
+    "Share of clean samples in which the view's top class is that of the other views fused, at the low end "
+    "of its 95% interval (the manifest's view_agreement clean_low): the baseline of the agreement alert.",
+    ["model", "view"],
+    multiprocess_mode="livemax",
+)
+VIEW_AGREEMENT_CHANCE_RATE = Gauge(
+    "dbf_view_agreement_chance_rate",
+    "The agreement of a view whose top class is independent of the other views' (the manifest's "
+    "view_agreement chance level): what a view shuffled between samples tends to.",
+    ["model", "view"],
+    multiprocess_mode="livemax",
+)
 BUILD = Gauge("dbf_build_info", "dbf-serve build information (1).", ["version"], multiprocess_mode="livemax")
 
 
-def initialise(models: dict[str, list[str]], methods: tuple[str, ...], reasons: tuple[str, ...]) -> None:
+def initialise(
+    models: dict[str, list[str]],
+    methods: tuple[str, ...],
+    reasons: tuple[str, ...],
+    agreeing: dict[str, list[str]] | None = None,
+) -> None:
     """Create every series at zero, so rates and alerts see 0 rather than nothing before the first event.
 
-    ``models`` maps each model to its view names.
+    ``models`` maps each model to its view names; ``agreeing`` each model with a measured view agreement to
+    the views it has a clean rate for.
     """
+    for model, views in (agreeing or {}).items():
+        for view in views:
+            VIEW_AGREED.labels(model, view)
+            VIEW_COMPARED.labels(model, view)
     for model, views in models.items():
         BATCH_SIZE.labels(model)
         MICRO_BATCH.labels(model)
@@ -149,6 +186,13 @@ def describe_placements(batches: Iterable[tuple[str, str, str]]) -> None:
 def describe_flag_clean_rates(rates: dict[str, float]) -> None:
     """``dbf_flag_clean_rate`` of each model loaded now: its flag's calibrated false-positive rate."""
     _publish(FLAG_CLEAN_RATE, {(model,): rate for model, rate in rates.items()})
+
+
+def describe_view_agreement(rates: dict[tuple[str, str], tuple[float, float]]) -> None:
+    """``dbf_view_agreement_clean_low`` and ``..._chance_rate`` of each (model, view) measured, of the
+    models loaded now: (the low end of the clean rate's interval, chance level)."""
+    _publish(VIEW_AGREEMENT_CLEAN_LOW, {labels: clean for labels, (clean, _) in rates.items()})
+    _publish(VIEW_AGREEMENT_CHANCE_RATE, {labels: chance for labels, (_, chance) in rates.items()})
 
 
 def _publish(gauge: Gauge, values: dict[tuple[str, ...], float]) -> None:
@@ -208,6 +252,57 @@ def _children(model: str, method: str, views: tuple[str, ...]) -> ModelChildren:
 
 def children(model: str, method: str, views: list[str]) -> ModelChildren:
     return _children(model, method, tuple(views))
+
+
+class AgreementSampler:
+    """Which batches of a model have their views' agreement counted, and which of their samples: at most
+    one batch every ``interval`` seconds, on up to :data:`AGREEMENT_ROWS` samples evenly spaced; with an
+    interval of 0, every sample. Chosen by time, not by content, the samples counted are a fair share of
+    the traffic, and the cost is bounded whatever the traffic.
+
+    Examples
+    --------
+    >>> sampler = AgreementSampler(60.0)
+    >>> sampler.rows(256), sampler.rows(256)  # the second batch within the minute: not counted
+    (slice(None, None, 16), None)
+    >>> AgreementSampler(0.0).rows(256)
+    slice(None, None, None)
+    """
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._due = -math.inf
+
+    def rows(self, samples: int) -> slice | None:
+        """The rows of a batch of ``samples`` to count, or None: not this batch. Threads may race here:
+        at worst two batches are counted where one would be, which no rate notices."""
+        if not self.interval:
+            return slice(None)
+        now = time.monotonic()
+        if now < self._due:
+            return None
+        self._due = now + self.interval
+        return slice(None, None, -(-samples // AGREEMENT_ROWS))
+
+
+AGREEMENT_ROWS = 16
+"""The most samples of a batch whose views' agreement is counted (:class:`AgreementSampler`)."""
+
+
+@dataclass(frozen=True)
+class AgreementChildren:
+    """One view's agreement counters: the samples it agreed in, of those it was compared in."""
+
+    agreed: Counter
+    compared: Counter
+
+
+@lru_cache(maxsize=256)  # bounded like the labels: models
+def agreement_children(model: str, views: tuple[str, ...]) -> tuple[AgreementChildren, ...]:
+    """The agreement counters of ``views`` of ``model`` (those its manifest has a clean rate for)."""
+    return tuple(
+        AgreementChildren(VIEW_AGREED.labels(model, v), VIEW_COMPARED.labels(model, v)) for v in views
+    )
 
 
 def observe_many(histograms: Sequence[Histogram], values: Sequence[np.ndarray]) -> None:

@@ -41,7 +41,19 @@ def serve(plane: DataPlane, repository: Repository) -> None:
     metrics.describe_flag_clean_rates(
         {m.name: m.manifest.conflict_flag.target_false_positive_rate for m in loaded}
     )
-    metrics.initialise({m.name: [v.name for v in m.manifest.views] for m in loaded}, METHODS, errors.REASONS)
+    metrics.describe_view_agreement(
+        {
+            (m.name, view): (rates.clean_low, rates.chance)
+            for m in loaded
+            for view, rates in (m.manifest.view_agreement or {}).items()
+        }
+    )
+    metrics.initialise(
+        {m.name: [v.name for v in m.manifest.views] for m in loaded},
+        METHODS,
+        errors.REASONS,
+        agreeing={m.name: list(m.manifest.view_agreement) for m in loaded if m.manifest.view_agreement},
+    )
     plane.repository = repository
     # The application and its models live on: keep them out of the garbage collector's full passes, which
     # otherwise walk every object at each one (a stalled event loop: the p99 latency under load).

@@ -28,6 +28,7 @@ from fusion import METHODS
 from manifest import Manifest
 from service.inference import ModelSignature, ViewSpec
 from service.json_numbers import unique_keys
+from service.metrics import AgreementSampler
 from service.outputs import answer_values
 from service.placement import (
     CPU,
@@ -65,6 +66,8 @@ class LoadedModel:
     # view -> what its head gives: evidence, and range_excess unless exported before range checks existed
     outputs: dict[str, list[str]] = field(default_factory=dict, repr=False)
     placement: Placement = field(default_factory=lambda: fixed(CPU, "not measured"))
+    # which batches have their views' agreement counted (DBF_AGREEMENT_INTERVAL_SECONDS)
+    agreement: AgreementSampler = field(default_factory=lambda: AgreementSampler(0.0), repr=False)
 
     @property
     def name(self) -> str:
@@ -95,6 +98,18 @@ class LoadedModel:
         """Whether a batch of ``samples`` runs its heads on the CPU (by the placement: with ``auto``, small
         batches may run there while big ones go to the GPU)."""
         return self.placement.provider(samples) == CPU
+
+    @cached_property
+    def agreeing_views(self) -> tuple[slice | list[int], tuple[str, ...]] | None:
+        """The views whose agreement with the other views fused is counted: those the manifest has a clean
+        rate for (``view_agreement``), as an index of the view axis (a slice where all are: no copy) and
+        their names; None where it has none, or one view only (it has no other to agree with)."""
+        rates, views = self.manifest.view_agreement, self.manifest.views
+        if not rates or len(views) < 2:
+            return None
+        measured = [v for v, view in enumerate(views) if view.name in rates]
+        index = slice(None) if len(measured) == len(views) else measured
+        return index, tuple(views[v].name for v in measured)
 
     @cached_property
     def features_per_sample(self) -> int:
@@ -431,6 +446,7 @@ def _load_model(
         _calibration(path, manifest),
         outputs,
         placement,
+        AgreementSampler(settings.agreement_interval_seconds),
     )
 
 

@@ -9,7 +9,7 @@ import logging
 
 import numpy as np
 
-from fusion import fuse, opinion_from_evidence
+from fusion import Opinion, agrees_with_the_others, fuse, opinion_from_evidence
 from service import metrics
 from service.errors import InvalidInput, ModelFault
 from service.inference import InferenceRequest, Result
@@ -91,6 +91,8 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
     _record(
         model, request, fused, max_conflict, flagged, blame, confidence, sets, out_of_range, present, complete
     )
+    if model.agreeing_views is not None and (rows := model.agreement.rows(n)) is not None:
+        _record_agreement(model, opinions, mask, rows)
     label = fused.probability.argmax(-1)
     if reference is not fused:
         # The calibrator's probability is that the model's own fusion's label is right: where the fusion asked
@@ -168,3 +170,22 @@ def _record(
         for view_children, count in zip(children.views, blamed, strict=True):
             if count:
                 view_children.flagged.inc(count)
+
+
+def _record_agreement(model, opinions, fused_views, rows: slice) -> None:
+    """Each measured view's agreement with the other views fused (``fused_views``; None: all), over the
+    ``rows`` sampled (:class:`metrics.AgreementSampler`) where it is fused beside another: one increment of
+    each counter per view and batch."""
+    measured, names = model.agreeing_views
+    sampled = Opinion(opinions.belief[rows], opinions.uncertainty[rows])
+    mask = None if fused_views is None else fused_views[rows]
+    agrees, compared = agrees_with_the_others(sampled, mask=mask, xp=np)
+    counts = agrees[:, measured].sum(0).tolist()
+    compared = compared[:, measured].sum(0).tolist()
+    for children, count, total in zip(
+        metrics.agreement_children(model.name, names), counts, compared, strict=True
+    ):
+        if total:
+            children.compared.inc(total)
+            if count:
+                children.agreed.inc(count)

@@ -76,7 +76,18 @@ class Settings(BaseSettings):
         default=MAX_VIEW_DIM, ge=1, description="a manifest's largest view dim; more refuses it"
     )
     max_in_flight: int = Field(default=64, ge=1, description="concurrent predict requests; more is a 503")
-    retry_after_seconds: int = Field(default=1, ge=0, description="Retry-After of a load-shedding or not-ready 503")
+    # The views' agreement (dbf_view_agreed_total) is a monitoring signal: its alert needs a few hundred
+    # samples in ten minutes, and counting every batch cost a one-sample predict a tenth of its time.
+    agreement_interval_seconds: float = Field(
+        default=0.05,
+        ge=0,
+        allow_inf_nan=False,
+        description="a model's views' agreement is counted on one batch per this many seconds at most, on up "
+        "to 16 of its samples; 0: on every sample",
+    )
+    retry_after_seconds: int = Field(
+        default=1, ge=0, description="Retry-After of a load-shedding or not-ready 503"
+    )
     # Micro-batching (service/batching.py): concurrent requests for the same model and fusion run together.
     batching: bool = Field(default=True, description="micro-batch concurrent small requests")
     batch_max_samples: int = Field(default=256, ge=1, description="samples in one micro-batch, at most")

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.stats
 
 import manifest
 from fusion import fuse, opinion_from_evidence
+from training.agreement_tables import measured_agreement
 from training.export import exported_evidence
 from training.readers import load
 
@@ -43,3 +45,23 @@ def test_committed_model_classifies_the_whole_dataset(name, data_dir):
     evidence = exported_evidence(MODELS / name, data.views)
     fused = fuse(opinion_from_evidence(evidence), "dbf", lam=1.0)
     assert np.mean(fused.probability.argmax(-1) == data.labels) >= REQUIRED_ACCURACY[name]
+
+
+@pytest.mark.data
+@pytest.mark.parametrize("name", sorted(REQUIRED_ACCURACY))
+def test_committed_view_agreement_is_what_the_heads_give_on_the_splits_they_were_calibrated_on(
+    name, data_dir
+):
+    # `python -m training view-agreement models/NAME --write` added it to heads exported before it existed.
+    committed = manifest.Manifest.model_validate_json((MODELS / name / "manifest.json").read_text())
+    measured = measured_agreement(MODELS / name, data_dir)
+    assert committed.view_agreement == measured.view_agreement
+    assert set(committed.view_agreement) == {view.name for view in committed.views}
+    splits = committed.training["splits"]
+    for view, rates in committed.view_agreement.items():
+        assert (rates.samples, rates.test_samples) == (splits["validation"], splits["test"])
+        agreed = round(rates.clean * rates.samples)  # the 95% Clopper-Pearson low end of agreed of samples
+        low = scipy.stats.beta.ppf(0.025, agreed, rates.samples - agreed + 1) if agreed else 0.0
+        assert rates.clean_low == pytest.approx(low, rel=1e-9), view
+        # Clean test traffic, other samples than those measured on, stays above the alert's threshold.
+        assert rates.test > rates.alert_below > rates.chance, view

@@ -10,6 +10,8 @@
 
 ``python -m training calibration MODEL_DIR [MODEL_DIR ...] [--data-dir DIR]``
 
+``python -m training view-agreement MODEL_DIR [MODEL_DIR ...] [--data-dir DIR] [--write] [--failures]``
+
 ``python -m training export --dataset NAME --out models/NAME [--data-dir DIR] [--epochs E] [--hidden W,W]
 [--seed S]``
 
@@ -125,6 +127,26 @@ def _calibration(args: argparse.Namespace) -> int:
 
     try:
         sys.stdout.write(calibration_tables(args.models, args.data_dir))
+    except (OSError, ValueError, KeyError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _view_agreement(args: argparse.Namespace) -> int:
+    from training.agreement_tables import failure_table, measured_agreement, write_agreement
+
+    try:
+        for directory in args.models:
+            manifest = (write_agreement if args.write else measured_agreement)(directory, args.data_dir)
+            for view, rates in (manifest.view_agreement or {}).items():
+                print(
+                    f"{manifest.name} {view}: clean {rates.clean:.3f} (low {rates.clean_low:.3f}) of "
+                    f"{rates.samples}, chance "
+                    f"{rates.chance:.3f}, test {rates.test:.3f} of {rates.test_samples}"
+                )
+        if args.failures:
+            sys.stdout.write(failure_table(args.models, args.data_dir))
     except (OSError, ValueError, KeyError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -398,7 +420,15 @@ def main(argv: list[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m training", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_download, _add_experiment, _add_summarise, _add_calibration, _add_export, _add_fit):
+    for add in (
+        _add_download,
+        _add_experiment,
+        _add_summarise,
+        _add_calibration,
+        _add_view_agreement,
+        _add_export,
+        _add_fit,
+    ):
         add(commands)
     return parser
 
@@ -481,6 +511,26 @@ def _add_calibration(commands: argparse._SubParsersAction) -> None:
     tables.add_argument("models", type=Path, nargs="+", help="model directories (models/NAME)")
     tables.add_argument("--data-dir", type=Path, default=Path(os.environ.get("DBF_DATA_DIR", "data")))
     tables.set_defaults(run=_calibration)
+
+
+def _add_view_agreement(commands: argparse._SubParsersAction) -> None:
+    """``view-agreement``: exported benchmark models' views against the other views fused."""
+    agreement = commands.add_parser(
+        "view-agreement",
+        help="measure how often each view of exported benchmark models agrees with the other views fused "
+        "(the manifest's view_agreement), and how broken views show in it",
+    )
+    agreement.add_argument("models", type=Path, nargs="+", help="model directories (models/NAME)")
+    agreement.add_argument("--data-dir", type=Path, default=Path(os.environ.get("DBF_DATA_DIR", "data")))
+    agreement.add_argument(
+        "--write", action="store_true", help="write the measured section into each manifest (heads untouched)"
+    )
+    agreement.add_argument(
+        "--failures",
+        action="store_true",
+        help="print the table of each view broken in turn on the test split",
+    )
+    agreement.set_defaults(run=_view_agreement)
 
 
 def _add_export(commands: argparse._SubParsersAction) -> None:

@@ -53,7 +53,15 @@ from calibration import (
     scaled_probability,
     top_probability,
 )
-from fusion import FusedOpinion, Method, Opinion, fuse, opinion_from_evidence
+from fusion import (
+    FusedOpinion,
+    Method,
+    Opinion,
+    agrees_with_the_others,
+    fuse,
+    opinion_from_evidence,
+    top_class_of_the_others,
+)
 from manifest import (
     Calibration,
     CalibrationFigures,
@@ -63,6 +71,7 @@ from manifest import (
     ConformalScore,
     ConformalSets,
     FlagRates,
+    ViewAgreement,
 )
 from training.data import DataError, MultiViewData
 from training.metrics import Rate, auroc
@@ -409,6 +418,79 @@ def _opinion(opinion: Opinion, n: int) -> tuple[np.ndarray, np.ndarray]:
     return b, u
 
 
+# --- each view's agreement with the other views fused ------------------------------------------------
+
+
+def agreeing_views(split: FusedSplit) -> tuple[np.ndarray, np.ndarray]:
+    """Which views of ``split``'s clean samples agree with the other views fused, and where it is measured.
+
+    Returns
+    -------
+    agreed : ndarray of bool, shape (N, V)
+        The view's top class is that of the others fused (:func:`fusion.agrees_with_the_others`).
+    compared : ndarray of bool, shape (N, V)
+        The view is fused beside another view.
+    """
+    if split.views is None:
+        raise ValueError("the split holds no per-view opinions: fuse it with FusedSplit.of_evidence")
+    agreed, compared = agrees_with_the_others(split.views, mask=split.present)
+    return np.asarray(agreed), np.asarray(compared)
+
+
+def view_agreement(
+    fitted: FusedSplit, view_names: Sequence[str], *, test: FusedSplit | None = None
+) -> dict[str, ViewAgreement] | None:
+    """The manifest's ``view_agreement``: per view, its agreement rate with the other views fused on the
+    clean samples fitted on (with the low end of its 95% interval), the rate a view independent of the
+    others would have there (its chance level), and its rate on ``test``. Views never fused beside another
+    are left out; None where no view is.
+
+    Examples
+    --------
+    >>> belief = np.array([[[0.9, 0.0], [0.8, 0.0], [0.6, 0.1]], [[0.0, 0.9], [0.7, 0.0], [0.0, 0.8]]])
+    >>> views = Opinion(belief, 1 - belief.sum(-1))
+    >>> fused = Opinion(np.array([[0.95, 0.0], [0.1, 0.5]]), np.array([0.05, 0.4]))
+    >>> rates = view_agreement(FusedSplit(fused, np.array([0, 1]), views=views), ["a", "b", "c"])
+    >>> rates["a"].clean, rates["b"].clean, rates["b"].chance, rates["b"].samples
+    (1.0, 0.5, 0.5, 2)
+    """
+    agreed, compared = agreeing_views(fitted)
+    chance = _chance_agreement(fitted, compared)
+    tested = None if test is None else agreeing_views(test)
+    rates = {}
+    for v, name in enumerate(view_names):
+        fitted_rate = Rate.of(agreed[compared[:, v], v])
+        if not fitted_rate.total:
+            continue
+        test_rate = None if tested is None else Rate.of(tested[0][tested[1][:, v], v])
+        rates[name] = ViewAgreement(
+            clean=fitted_rate.value,
+            clean_low=fitted_rate.interval[0],
+            samples=fitted_rate.total,
+            chance=chance[v],
+            test=test_rate.value if test_rate and test_rate.total else None,
+            test_samples=test_rate.total if test_rate and test_rate.total else None,
+        )
+    return rates or None
+
+
+def _chance_agreement(split: FusedSplit, compared: np.ndarray) -> list[float]:
+    """Per view, the agreement of a top class drawn independently of the other views' (as a view shuffled
+    between samples has): the sum over classes of the view's share of top classes times the others', over
+    the samples where the view is compared."""
+    view_top = np.asarray(split.views.belief).argmax(axis=-1)
+    others_top = np.asarray(top_class_of_the_others(split.views, mask=split.present))
+    k = np.asarray(split.views.belief).shape[-1]
+    out = []
+    for v in range(compared.shape[1]):
+        rows = compared[:, v]
+        n = max(int(rows.sum()), 1)
+        view_share = np.bincount(view_top[rows, v], minlength=k) / n
+        others_share = np.bincount(others_top[rows, v], minlength=k) / n
+        out.append(float(view_share @ others_share))
+    return out
+
+
 # --- the high-conflict flag, and everything at once ---------------------------------------------------
 
 FlagScores = dict[str, np.ndarray]
@@ -496,6 +578,10 @@ class PostHoc:
             test=rates(test),
         )
 
+    def view_agreement(self, test: FusedSplit, view_names: Sequence[str]) -> dict[str, ViewAgreement] | None:
+        """The manifest's ``view_agreement``: measured on the samples fitted on, and on ``test``."""
+        return view_agreement(self.fitted, view_names, test=test)
+
     def calibration_section(self, test: FusedSplit) -> Calibration:
         """The manifest's calibration section, with its figures on the test split ``test``."""
         coverage = self.section.conformal.default_coverage
@@ -525,7 +611,8 @@ class PostHoc:
                 f"the flag hardly tells conflictive test samples from clean ones: it raised "
                 f"{conflictive.value:.1%} of conflictive and {clean.value:.1%} of clean ones (less than "
                 f"{BLIND_FLAG_LIFT:g} times, or none): do not route samples on it alone, and its alerts "
-                "cannot see a modality that fails within its training range. Seen where the views each "
+                "cannot see a modality that fails within its training range (each view's agreement with "
+                "the others can: DBFViewDisagreement). Seen where the views each "
                 "classify weakly and seldom disagree with confidence"
             )
         return notes
@@ -645,10 +732,12 @@ __all__ = [
     "FusedSplit",
     "PostHoc",
     "SetFigures",
+    "agreeing_views",
     "calibrate",
     "calibrate_flag",
     "check_calibration_splits",
     "evaluate_calibration",
     "fit_confidence_and_sets",
     "flag_scores",
+    "view_agreement",
 ]

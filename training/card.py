@@ -18,7 +18,13 @@ import numpy as np
 
 from manifest import CalibrationSamples, Manifest
 from training.architecture import Candidate, HeadChoice
-from training.calibrate import REPORT_COVERAGES, CalibrationReport, class_coverage, evaluate_calibration
+from training.calibrate import (
+    REPORT_COVERAGES,
+    CalibrationReport,
+    agreeing_views,
+    class_coverage,
+    evaluate_calibration,
+)
 from training.export import CARD_FIGURES
 from training.metrics import Rate, coverage_band
 from training.report import FitReport
@@ -211,6 +217,40 @@ def conflict_detection(report: FitReport, manifest: Manifest) -> Section:
         f"| test | {_rate(test[0])} of {test[0].total} | {_rate(test[1])} of {test[1].total} |\n"
     )
     return Section("Conflict detection", text)
+
+
+def view_agreement(report: FitReport, manifest: Manifest) -> Section | None:
+    """How often each view's top class is that of the other views fused, fitted on and on the test split: the
+    baseline of the agreement alert, and where it fires."""
+    rates = manifest.view_agreement
+    if not rates:
+        return None
+    fitted, test = agreeing_views(report.post_hoc.fitted), agreeing_views(report.test)
+    rows = []
+    for v, view in enumerate(manifest.views):
+        if view.name not in rates:
+            continue
+        measured = rates[view.name]
+        on_fitted, on_test = (Rate.of(agreed[compared[:, v], v]) for agreed, compared in (fitted, test))
+        rows.append(
+            f"| `{view.name}` | {_rate_of(on_fitted)} | {_rate_of(on_test)} | {_percent(measured.chance)} | "
+            f"{_percent(measured.alert_below)} |"
+        )
+    text = (
+        "How often each view's own top class is that of the other views fused (their evidence summed), on "
+        f"samples where it is fused beside another view, on {_samples(report.post_hoc.fitted_on)} and on "
+        "the test split, with 95% intervals; and the agreement of a view whose top class is independent of "
+        "the others' (chance: what a view shuffled between samples tends to). No label is needed to count "
+        "it, so the service does, per view (`dbf_view_agreed_total`, `dbf_view_compared_total`): a view "
+        "failing within its training range (shuffled, stuck, turned to noise) agrees far less, even one the "
+        "fused prediction follows, and the `DBFViewDisagreement` alert fires when a view's agreement falls "
+        "below halfway from the low end of its clean rate's interval to chance (the last column). A view "
+        "that dominates the others' consensus drags the views it is compared with down beside it; with two "
+        "views the two agree or disagree together, and which one failed cannot be told.\n\n"
+        "| view | agreement with the others, fitted on | agreement with the others, test | chance | "
+        "alert below |\n|---|---|---|---|---|\n" + "\n".join(rows)
+    )
+    return Section("View agreement", text)
 
 
 def _under_covered(measured: CalibrationReport, bands: dict[float, tuple[float, float]]) -> str:
@@ -453,6 +493,7 @@ SECTIONS: tuple[SectionMaker, ...] = (
     data_summary,
     accuracy_table,
     conflict_detection,
+    view_agreement,
     confidence_and_sets,
     uncertainty,
     training,

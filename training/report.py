@@ -221,6 +221,7 @@ class FitReport:
             conflict_flag=self.post_hoc.conflict_flag(self.test),
             calibration=self.calibration,
             out_of_range=OutOfRange(),  # written out: the threshold is part of the model's contract
+            view_agreement=self.post_hoc.view_agreement(self.test, self.data.view_names),
             metrics=self.metrics,
             training=self.training(),
             provenance=provenance(),

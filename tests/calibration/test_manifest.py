@@ -65,6 +65,34 @@ def test_manifests_from_before_out_of_range_take_its_default_and_are_written_as_
     assert Manifest.model_validate_json(current).json_text() == current  # written out when given
 
 
+def test_manifests_from_before_view_agreement_load_without_it_and_are_written_as_they_were():
+    current = COMMITTED.read_text()
+    before = {k: v for k, v in json.loads(current).items() if k != "view_agreement"}
+    text = json.dumps(before, indent=2, sort_keys=True) + "\n"
+    loaded = Manifest.model_validate_json(text)
+    assert loaded.view_agreement is None
+    assert loaded.json_text() == text
+    assert Manifest.model_validate_json(current).json_text() == current
+
+
+def test_a_views_agreement_alert_lies_halfway_from_its_clean_rates_low_end_to_chance():
+    content = json.loads(COMMITTED.read_text())
+    pix = Manifest.model_validate(content).view_agreement["pix"]
+    assert pix.chance < pix.alert_below == (pix.clean_low + pix.chance) / 2 < pix.clean_low < pix.clean
+    del content["view_agreement"]["pix"]["clean_low"]  # what the alert measures against: never assumed
+    with pytest.raises(ValidationError, match=r"view_agreement\.pix\.clean_low\n\s+Field required"):
+        Manifest.model_validate(content)
+
+
+def test_view_agreement_may_name_only_the_models_views():
+    content = json.loads(COMMITTED.read_text())
+    content["view_agreement"]["pixels"] = content["view_agreement"]["pix"]
+    with pytest.raises(
+        ValidationError, match=r"view_agreement names views the model does not have: \['pixels'\]"
+    ):
+        Manifest.model_validate(content)
+
+
 def test_version_and_section_must_agree(section):
     with pytest.raises(ValidationError, match="schema_version 2 requires a calibration section"):
         Manifest.model_validate({**_with(None), "schema_version": 2})

@@ -1,7 +1,7 @@
 """End to end: a real Prometheus (and Alertmanager) scraping the real service on loopback, with the rules of
-deploy/prometheus/alerts.yml. Clean traffic raises no conflict alert; then one view of every sample is swapped
-for that view of a sample of another class, and the conflict alerts go pending, then firing, the modality
-alert naming that view.
+deploy/prometheus/alerts.yml. Clean traffic raises no conflict or view alert; then one view of every sample is
+swapped for that view of a sample of another class, and the conflict alerts go pending, then firing, the
+modality alert and the view agreement alert naming that view.
 
 Only time is scaled down: scrapes and evaluations every second, `for:` durations of 3 s and rate windows of
 20 s instead of minutes. Thresholds, the traffic floor and every expression are those of alerts.yml.
@@ -42,7 +42,7 @@ SAMPLES_PER_REQUEST = 250  # ~3 MB of JSON, under the service's body limit
 WINDOW = "20s"
 FOR = "3s"
 CONFLICT_ALERTS = {"DBFHighConflictRate", "DBFModalityConflict"}
-VIEW_ALERTS = {"DBFViewOutOfRange", "DBFViewMissing"}
+VIEW_ALERTS = {"DBFViewOutOfRange", "DBFViewMissing", "DBFViewDisagreement"}
 
 
 def scaled_rules(path: Path) -> dict:
@@ -226,6 +226,7 @@ def test_conflict_and_view_alerts_fire_on_real_traffic_and_name_the_view(data_di
                 ("DBFHighConflictRate", "warning", ""),
                 ("DBFHighConflictRate", "critical", ""),
                 ("DBFModalityConflict", "warning", TAMPERED_VIEW),
+                ("DBFViewDisagreement", "warning", TAMPERED_VIEW),  # another class's: seldom the others'
             }
             deadline = time.monotonic() + 90
             while not all(states.get(key, [""])[-1] == "firing" for key in wanted):
@@ -239,10 +240,10 @@ def test_conflict_and_view_alerts_fire_on_real_traffic_and_name_the_view(data_di
                         states.setdefault(key, []).append(alert["state"])
             for key in wanted:
                 assert states[key][:1] == ["pending"] and "firing" in states[key], (key, states[key])
-            # The modality alert names the tampered view and no other; nothing else fired.
-            modality_views = {view for name, _, view in states if name == "DBFModalityConflict"}
-            assert modality_views == {TAMPERED_VIEW}
-            assert {name for name, _, _ in states} == CONFLICT_ALERTS, states
+            # The modality and agreement alerts name the tampered view and no other; nothing else fired.
+            for alert in ("DBFModalityConflict", "DBFViewDisagreement"):
+                assert {view for name, _, view in states if name == alert} == {TAMPERED_VIEW}, states
+            assert {name for name, _, _ in states} == CONFLICT_ALERTS | {"DBFViewDisagreement"}, states
 
             # Prometheus hands the firing alerts to Alertmanager (the committed configuration).
             deadline = time.monotonic() + 30

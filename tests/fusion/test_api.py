@@ -21,6 +21,8 @@ def test_public_api():
         "discount",
         "discount_factors",
         "evidence_from_opinion",
+        "top_class_of_the_others",
+        "agrees_with_the_others",
     ):
         assert name in fusion.__all__
     assert METHODS == ("bcf", "cbf", "baf", "gbaf", "dbf")

@@ -12,10 +12,12 @@ from fusion import (
     METHODS,
     Opinion,
     agreement,
+    agrees_with_the_others,
     conflict_matrix,
     discount_factors,
     fuse,
     opinion_from_evidence,
+    top_class_of_the_others,
 )
 from tests.fusion.strategies import evidence, masks
 
@@ -74,6 +76,23 @@ def test_torch_matches_numpy_with_mask(method, views, data):
         np.testing.assert_allclose(
             getattr(out, name).numpy(), getattr(expected, name), rtol=1e-9 + reach, atol=1e-12, err_msg=name
         )
+
+
+@settings(max_examples=40)
+@given(views=evidence(views=st.integers(1, 5), batch=st.integers(1, 4)), data=st.data())
+def test_torch_matches_numpy_on_each_views_agreement_with_the_others(views, data):
+    mask = data.draw(st.none() | masks(views.shape[:-1]))
+    expected = agrees_with_the_others(opinion_from_evidence(views), mask=mask)
+    opinions = opinion_from_evidence(torch.from_numpy(views))
+    torch_mask = None if mask is None else torch.from_numpy(mask)
+    agrees, compared = agrees_with_the_others(opinions, mask=torch_mask)
+    assert agrees.dtype == compared.dtype == torch.bool
+    np.testing.assert_array_equal(agrees.numpy(), expected[0])
+    np.testing.assert_array_equal(compared.numpy(), expected[1])
+    np.testing.assert_array_equal(
+        top_class_of_the_others(opinions, mask=torch_mask).numpy(),
+        top_class_of_the_others(opinion_from_evidence(views), mask=mask),
+    )
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -53,6 +53,7 @@ def test_models_by_name_and_version():
     with pytest.raises(ModelNotFound, match="model 'cub' has no version '2'; it serves version '1'"):
         dataplane.model("cub", "2")
 
+
 def test_a_request_before_the_models_are_loaded_is_told_when_to_retry():
     """A client's retry loop (service.client's) waits on a 503's Retry-After: not_ready had none, so a
     request during the start was raised at once, where a retry a second later would have been served."""

@@ -171,8 +171,9 @@ def test_the_watcher_reloads_nothing_for_a_folder_that_holds_no_model(tmp_path):
 
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_a_removed_model_is_no_longer_reported_by_any_worker(tmp_path, workers):
-    """dbf_model_info and dbf_flag_clean_rate after a reload: a model taken away has no series, or, across
-    worker processes (whose metrics live in files), they read 0; not what they had."""
+    """dbf_model_info, dbf_flag_clean_rate and the views' agreement baselines after a reload: a model taken
+    away has no series, or, across worker processes (whose metrics live in files), they read 0; not what
+    they had."""
     root = repository(tmp_path, "handwritten", "pie")
     env = {"DBF_RELOAD_POLL_SECONDS": "0.2"}
 
@@ -181,13 +182,16 @@ def test_a_removed_model_is_no_longer_reported_by_any_worker(tmp_path, workers):
         return [
             line
             for line in text.splitlines()
-            if line.startswith(("dbf_model_info{", "dbf_flag_clean_rate{")) and 'model="pie"' in line
+            if line.startswith(("dbf_model_info{", "dbf_flag_clean_rate{", "dbf_view_agreement_"))
+            and 'model="pie"' in line
         ]
 
     with running_service("--model-dir", str(root), "--workers", workers, env=env) as url:
         assert sorted(line.partition("{")[0] for line in pie_series(url)) == [
             "dbf_flag_clean_rate",
             *["dbf_model_info"] * 3,
+            *["dbf_view_agreement_chance_rate"] * 3,
+            *["dbf_view_agreement_clean_low"] * 3,
         ]
         assert not any(line.endswith(" 0.0") for line in pie_series(url))
         shutil.move(root / "pie", tmp_path / "pie")
@@ -198,6 +202,8 @@ def test_a_removed_model_is_no_longer_reported_by_any_worker(tmp_path, workers):
         assert metric(url, "dbf_model_reloads_total", outcome="success") >= 1
         assert metric(url, "dbf_model_info", model="handwritten", view="fac") == 1
         assert metric(url, "dbf_flag_clean_rate", model="handwritten") == 0.05
+        pix_clean_low = 0.916297311924146  # the low end of pix's clean rate's interval (0.955 of 200)
+        assert metric(url, "dbf_view_agreement_clean_low", model="handwritten", view="pix") == pix_clean_low
         assert models(url) == ["handwritten"]
 
 

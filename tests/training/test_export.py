@@ -7,11 +7,13 @@ import hashlib
 import numpy as np
 import onnxruntime
 import pytest
+import scipy.stats
 import torch
 
+from fusion import Opinion, opinion_from_evidence
 from manifest import Manifest
 from training import export as exporting
-from training.calibrate import calibrate_flag
+from training.calibrate import FusedSplit, calibrate_flag, view_agreement
 from training.export import ParityError, check_parity, head_to_onnx
 from training.fit import export
 from training.heads import ViewHead
@@ -121,6 +123,57 @@ def test_the_flag_keeps_the_score_that_flags_more_conflictive_samples_at_its_thr
     assert np.mean(clean[score] >= threshold) == pytest.approx(0.05, abs=0.002)
 
 
+def test_view_agreement_counts_each_view_against_the_other_views_fused_where_fused_beside_another():
+    # Five samples, three views, three classes; each view has evidence for its top class alone: a 9, b 6,
+    # c 3, so the others' sum never ties. Views' top classes (columns a, b, c; - absent) and, per view, the
+    # top class of the others summed (x: not compared):
+    #   0: 0 0 1 -> a: 0 (b 6, c 3)   b: 0 (a 9, c 3)   c: 0 (a 9, b 6)   agree: a b -
+    #   1: 1 2 1 -> a: 2 (b 6, c 3)   b: 1 (a 9, c 3)   c: 1 (a 9, b 6)   agree: - - c
+    #   2: 2 2 2 -> 2 for each                                         agree: a b c
+    #   3: 0 - 0 -> a: 0 (c)          b: x              c: 0 (a)          agree: a c
+    #   4: 1 - - -> a alone: x
+    # The fused opinion plays no part (it is given as 0, 1, 2, 1, 1; view a would agree with it in 0-2).
+    top = np.array([[0, 0, 1], [1, 2, 1], [2, 2, 2], [0, 0, 0], [1, 0, 0]])
+    present = np.array([[1, 1, 1], [1, 1, 1], [1, 1, 1], [1, 0, 1], [1, 0, 0]], bool)
+    evidence = np.eye(3)[top] * np.array([9.0, 6.0, 3.0])[:, None]
+    fused_top = np.array([0, 1, 2, 1, 1])
+    fused = Opinion(np.eye(3)[fused_top] * 0.5, np.full(5, 0.5))
+    split = FusedSplit(fused, fused_top, views=opinion_from_evidence(evidence), present=present)
+    test = FusedSplit(fused, fused_top, views=opinion_from_evidence(evidence), present=None)
+
+    rates = view_agreement(split, ["a", "b", "c"], test=test)
+
+    # a: samples 0-3 compared, agrees in 0, 2, 3. Chance: its tops 0, 1, 2, 0 (shares 2/4, 1/4, 1/4) against
+    # the others' 0, 2, 2, 0 (2/4, 0, 2/4).
+    assert (rates["a"].clean, rates["a"].samples) == (0.75, 4)
+    assert rates["a"].chance == pytest.approx((2 / 4) * (2 / 4) + (1 / 4) * 0 + (1 / 4) * (2 / 4))  # 3/8
+    # The alert starts from the low end of the clean rate's 95% Clopper-Pearson interval: 3 of 4.
+    assert rates["a"].clean_low == pytest.approx(scipy.stats.beta.ppf(0.025, 3, 4 - 3 + 1))
+    assert rates["a"].alert_below == pytest.approx((rates["a"].clean_low + 3 / 8) / 2)
+    # b: samples 0-2, agrees in 0 and 2; tops 0, 2, 2 (1/3, 0, 2/3) against the others' 0, 1, 2 (1/3 each).
+    assert (rates["b"].clean, rates["b"].samples) == (2 / 3, 3)
+    assert rates["b"].chance == pytest.approx((1 / 3) * (1 / 3) + (2 / 3) * (1 / 3))
+    # c: samples 0-3, agrees in 1, 2 and 3; tops 1, 1, 2, 0 (1/4, 2/4, 1/4) against the others' 0, 1, 2, 0
+    # (2/4, 1/4, 1/4): chance 5/16.
+    assert (rates["c"].clean, rates["c"].samples) == (0.75, 4)
+    assert rates["c"].chance == pytest.approx((1 / 4) * (2 / 4) + (2 / 4) * (1 / 4) + (1 / 4) * (1 / 4))
+    # The test split has every view everywhere: all five samples count. Sample 3 (0 0 0) agrees in every
+    # view; sample 4 (1 0 0) in none: a's others 0 (b 6, c 3), b's and c's 1 (a 9). Each view: 3 of 5.
+    assert (rates["a"].test, rates["a"].test_samples) == (0.6, 5)
+    assert (rates["b"].test, rates["c"].test) == (0.6, 0.6)
+
+
+def test_view_agreement_is_none_where_no_view_is_fused_beside_another():
+    views = opinion_from_evidence(np.array([[[9.0, 0.0], [0.0, 0.0]]]))
+    alone = FusedSplit(
+        Opinion(views.belief[:, 0], views.uncertainty[:, 0]),
+        np.array([0]),
+        views=views,
+        present=np.array([[True, False]]),
+    )
+    assert view_agreement(alone, ["a", "b"]) is None
+
+
 def _quick(dataset: str) -> TrainConfig:
     return TrainConfig(epochs=5, hyperparameters=DATASETS[dataset].hyperparameters)
 
@@ -136,6 +189,13 @@ def test_export_writes_a_verified_deterministic_repository_entry(data_dir, tmp_p
         assert hashlib.sha256((tmp_path / "cub" / view.file).read_bytes()).hexdigest() == view.sha256
     assert manifest.fusion.method == "dbf"
     assert manifest.conflict_flag.validation.clean <= 0.05 + 1 / 60  # 60 validation samples
+    # Measured on the samples the flag was calibrated on (cub's 480 non-test ones, out of fold) and the test.
+    fitted = manifest.calibration.fitted_on.samples
+    assert {(v, r.samples, r.test_samples) for v, r in manifest.view_agreement.items()} == {
+        ("image", fitted, 120),
+        ("text", fitted, 120),
+    }
+    assert (manifest.calibration.fitted_on.kind, fitted) == ("cross-fitted", 480)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cub"]  # no staging left behind
 
     again, _ = export("cub", tmp_path / "again", data_dir=data_dir, config=_quick("cub"))

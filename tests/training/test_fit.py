@@ -1159,3 +1159,21 @@ def test_the_card_names_the_classes_the_sets_cover_less_often():
     )
     assert note.startswith("\nThe coverage is over all samples, not per class: at 0.9 the sets held")
     assert "for rare (" in note and "a (" not in note and "b (" not in note
+
+
+def test_the_card_gives_each_views_agreement_with_the_others_as_the_manifest_has_it(tmp_path):
+    views, labels = dataset()
+    out = tmp_path / "models" / "pets"
+    assert fit("--data", write_npy(tmp_path / "data", views, labels), "--out", out, *QUICK) == 0
+    card, manifest = (out / "card.md").read_text(), read_manifest(out)
+    assert set(manifest.view_agreement) == set(DIMS)
+    for view, rates in manifest.view_agreement.items():
+        # Cross-fitted here (60 samples): every non-test sample, out of fold; then the 12 test samples.
+        assert (rates.samples, rates.test_samples) == (48, 12)
+        # The alert's threshold starts from the low end of the clean rate's interval, which the card shows.
+        row = (
+            rf"\| `{view}` \| {100 * rates.clean:.1f}% \[{100 * rates.clean_low:.1f}, \d+\.\d\] of 48 \| "
+            rf"{100 * rates.test:.1f}% \[\d+\.\d, \d+\.\d\] of 12 \| {100 * rates.chance:.1f}% \| "
+            rf"{50 * (rates.clean_low + rates.chance):.1f}% \|"
+        )
+        assert re.search(row, card), row
