@@ -50,7 +50,7 @@ from training.evaluate import Evaluation, measure
 from training.export import check_model_dir, write_model
 from training.heads import EvidentialHeads, head_weights
 from training.metrics import accuracy
-from training.progress import Progress, ProgressBar, ProgressLines, progress_for
+from training.progress import Progress, ProgressBar, ProgressLines, Reporters, progress_for
 from training.protocol import EvaluationSets, Samples, evaluation_sets
 from training.readers import machine_memory, read_registered
 from training.registry import dataset_spec
@@ -287,7 +287,12 @@ def _train(
     share = None if schedule.time_limit is None else schedule.time_limit / len(candidates)
     trained, choice = choose_heads(
         lambda widths: _train_heads(
-            sets, data.num_classes, replace(config, hidden=widths), schedule.early_stopping, share, progress
+            sets,
+            data.num_classes,
+            replace(config, hidden=widths),
+            schedule.early_stopping,
+            share,
+            _named(progress, _heads_label(widths, candidates)),
         ),
         candidates,
         sets.validation,
@@ -394,7 +399,7 @@ def _calibrate(
                 replace(config, beta=beta),
                 schedule.early_stopping,
                 schedule.time_limit,
-                held_out.progress,
+                _named(held_out.progress, f"training again with beta {beta:g}"),
             )
             return again, held_out(again, beta=beta, time_limit=schedule.time_limit)
 
@@ -485,11 +490,30 @@ def _accuracy_over_everything(heads: EvidentialHeads, sets: EvaluationSets, *, c
     return accuracy(fused.probability, sets.everything.labels)
 
 
-def _labelled(progress: bool | Progress | None, total: int, *, label: str) -> bool | Progress | None:
-    """A reporter like ``progress`` (a bar, lines) for another run of ``total`` epochs, named ``label``."""
+def _labelled(
+    progress: bool | Progress | Callable[[int], Progress] | None, total: int, *, label: str
+) -> bool | Progress | Callable[[int], Progress] | None:
+    """A reporter like ``progress`` (a bar, lines, or reporters made per run) for another run of ``total``
+    epochs, named ``label``."""
     if isinstance(progress, ProgressBar | ProgressLines):
         return progress_for(total, bar=isinstance(progress, ProgressBar), label=label)
-    return progress
+    return _named(progress, label)
+
+
+def _named(
+    progress: bool | Progress | Callable[[int], Progress] | None, label: str
+) -> bool | Progress | Callable[[int], Progress] | None:
+    """``progress`` naming its runs ``label``, where it makes a reporter per run (:class:`Reporters`)."""
+    return progress.labelled(label) if isinstance(progress, Reporters) else progress
+
+
+def _heads_label(hidden: tuple[int, ...], candidates: Sequence[tuple[int, ...]]) -> str:
+    """What a training run of heads of ``hidden`` widths is called, among ``candidates``."""
+    kind = f"heads with hidden layers {','.join(map(str, hidden))}" if hidden else "linear heads"
+    if len(candidates) == 1:
+        return kind
+    position = [tuple(widths) for widths in candidates].index(tuple(hidden)) + 1
+    return f"{kind} ({position} of {len(candidates)})"
 
 
 def _parity_rows(data: MultiViewData) -> dict[str, tuple[np.ndarray, np.ndarray]]:

@@ -100,6 +100,18 @@ def test_the_time_limit_ends_a_run_and_says_so(tmp_path, capsys):
     assert "reached the time limit" in card and "**The time limit ended training while" in card
 
 
+def test_each_training_run_of_a_fit_is_named_in_its_progress_lines(tmp_path, capsys):
+    # A fit trains several times, each run counting its epochs from 1 with its own time left: unnamed, the
+    # lines of a 30-view fit read as one run starting over three times, each "at most 3 minutes left".
+    data = write_npy(tmp_path / "data", *dataset())
+    assert fit("--data", data, "--out", tmp_path / "model", "--epochs", "4", "--quiet") == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if re.search(r"epoch \d+/\d+: loss", line)]
+    runs = list(dict.fromkeys(line.split(": epoch ")[0] for line in lines))
+    assert not [line for line in lines if line.startswith("epoch")]
+    assert runs[:2] == ["linear heads (1 of 2)", "heads with hidden layers 64 (2 of 2)"]
+    assert "cross-fitting 5 models" in runs  # 60 samples: too few validation ones, so cross-fitted
+
+
 def test_a_run_stopped_early_does_not_say_it_was_cut_short(tmp_path, capsys):
     data = write_npy(tmp_path / "data", *overfitted())
     out = tmp_path / "model"
