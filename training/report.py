@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
+
 from manifest import FusionDefaults, Manifest, Metrics, OutOfRange, ViewEntry
 from training.architecture import HeadChoice, Outvoted
 from training.baseline import Comparison
@@ -20,6 +22,13 @@ from training.protocol import SQUEEZE, EvaluationSets, copies_in_test, squeezed_
 from training.train import EarlyStopping, History, TrainConfig
 
 __all__ = ["FitReport"]
+
+VACUOUS = 1 - 1e-6
+"""A view's uncertainty at or above which its head gave no evidence (below a millionth of its classes')."""
+
+CERTAIN = 1e-9
+"""A view's uncertainty at or below which its evidence is near the capped exponential's ceiling (1e13 a
+class): certain whatever its input."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -89,7 +98,34 @@ class FitReport:
             + flag
             + self._copies()
             + folds
+            + self._broken_heads()
         )
+
+    def _broken_heads(self) -> list[str]:
+        """Views whose head gives no evidence on any test sample, or evidence at the capped exponential's
+        ceiling on every one: its training broke down (as a view of many thousands of features makes it
+        overshoot), where a view with nothing to learn still gives some evidence."""
+        views, present = self.test.views, self.test.present
+        if views is None:
+            return []
+        notes = []
+        for v, (view, dim) in enumerate(zip(self.data.view_names, self.data.view_dims, strict=True)):
+            uncertainty = views.uncertainty[:, v] if present is None else views.uncertainty[present[:, v], v]
+            if not uncertainty.size:
+                continue
+            if np.all(uncertainty >= VACUOUS):
+                what = "gives no evidence on any of the {} test samples that have it (uncertainty 1): it is ignored"
+            elif np.all(uncertainty <= CERTAIN):
+                what = "is certain on every one of the {} test samples that have it, whatever its features"
+            else:
+                continue
+            notes.append(
+                f"`{view}` ({dim} features): its head {what.format(uncertainty.size)}; its training broke "
+                "down, as a view of many thousands of features makes it overshoot (each step moves its scores "
+                "by about the learning rate times the sum of its scaled features): reduce its features (e.g. "
+                "a PCA to a few thousand, or fewer) before fitting, and the same in every request"
+            )
+        return notes
 
     def _still_improving(self) -> list[str]:
         """A run that the epoch cap or the time limit ended while its validation loss still improved."""
