@@ -441,7 +441,7 @@ def _evaluate(
         acc_normal=evaluation.acc_normal,
         acc_conflict=evaluation.acc_conflict,
         auc=evaluation.auc,
-        acc_all_samples=_accuracy_over_everything(heads, sets, config=config),
+        acc_all_samples=_accuracy_over_everything(heads, sets, num_classes=data.num_classes, config=config),
     )
     return _Evaluated(test, evaluation, comparison, metrics)
 
@@ -483,11 +483,26 @@ def _fused(
     )
 
 
-def _accuracy_over_everything(heads: EvidentialHeads, sets: EvaluationSets, *, config: TrainConfig) -> float:
-    """The fused accuracy over every sample, training ones included (the manifest's ``acc_all_samples``)."""
-    evidence = predict_evidence(heads, sets.everything)
-    fused = fuse(opinion_from_evidence(evidence), config.method, lam=config.lam, mask=sets.present)
-    return accuracy(fused.probability, sets.everything.labels)
+ACCURACY_VALUES = 2**18
+"""Evidence values (samples x views x classes) fused at a time for the accuracy over every sample: fusing
+them costs about 18 bytes each, and with many classes all samples at once outgrew the data many times
+over."""
+
+
+def _accuracy_over_everything(
+    heads: EvidentialHeads, sets: EvaluationSets, *, num_classes: int, config: TrainConfig
+) -> float:
+    """The fused accuracy over every sample, training ones included (the manifest's ``acc_all_samples``),
+    fused :data:`ACCURACY_VALUES` evidence values at a time."""
+    everything, right = sets.everything, 0
+    rows = max(1, ACCURACY_VALUES // (len(heads.heads) * num_classes))
+    for start in range(0, len(everything), rows):
+        stop = min(start + rows, len(everything))
+        evidence = predict_evidence(heads, everything.features(start, stop))
+        mask = None if sets.present is None else sets.present[start:stop]
+        fused = fuse(opinion_from_evidence(evidence), config.method, lam=config.lam, mask=mask)
+        right += round(accuracy(fused.probability, everything.labels[start:stop]) * (stop - start))
+    return right / len(everything)
 
 
 def _labelled(
