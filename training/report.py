@@ -113,17 +113,18 @@ class FitReport:
             uncertainty = views.uncertainty[:, v] if present is None else views.uncertainty[present[:, v], v]
             if not uncertainty.size:
                 continue
+            samples = f"{uncertainty.size} test samples that have it"
             if np.all(uncertainty >= VACUOUS):
-                what = "gives no evidence on any of the {} test samples that have it (uncertainty 1): it is ignored"
+                what = f"gives no evidence on any of the {samples} (uncertainty 1): it is ignored"
             elif np.all(uncertainty <= CERTAIN):
-                what = "is certain on every one of the {} test samples that have it, whatever its features"
+                what = f"is certain on every one of the {samples}, whatever its features"
             else:
                 continue
             notes.append(
-                f"`{view}` ({dim} features): its head {what.format(uncertainty.size)}; its training broke "
-                "down, as a view of many thousands of features makes it overshoot (each step moves its scores "
-                "by about the learning rate times the sum of its scaled features): reduce its features (e.g. "
-                "a PCA to a few thousand, or fewer) before fitting, and the same in every request"
+                f"`{view}` ({dim} features): its head {what}; its training broke down, as a view of many "
+                "thousands of features makes it overshoot (each step moves its scores by about the learning "
+                "rate times the sum of its scaled features): reduce its features (e.g. a PCA to a few "
+                "thousand, or fewer) before fitting, and the same in every request"
             )
         return notes
 
