@@ -350,11 +350,20 @@ def load_repository(
     default = _default_model(settings.default_model, models)
     max_body_bytes = body_limit(settings, models.values())
     if max_body_bytes > settings.body_memory_bytes:
+        # A body past the whole budget is a 413 (no retry can help), and the operator should know which
+        # model's requests it cuts short, and to how many samples.
+        cut = [
+            f"{m.manifest.name!r} in JSON past {json_samples(m.manifest, settings.body_memory_bytes)} samples"
+            for m in models.values()
+            if body_bytes(m.manifest, settings.max_samples) > settings.body_memory_bytes
+        ]
         log.warning(
             "bodies of up to %d bytes are taken (DBF_MAX_BODY_BYTES) but %d are held at once "
-            "(DBF_BODY_MEMORY_BYTES): the largest requests are refused, 503; raise the latter",
+            "(DBF_BODY_MEMORY_BYTES): larger bodies are refused, 413 (%s, at full length; binary tensors "
+            "take 4 bytes a feature); raise the latter",
             max_body_bytes,
             settings.body_memory_bytes,
+            "; ".join(cut) or "no model's request of DBF_MAX_SAMPLES samples",
         )
     return Repository(models=models, default=default, max_body_bytes=max_body_bytes)
 
@@ -508,6 +517,12 @@ def body_bytes(manifest: Manifest, samples: int) -> int:
     with (v1 JSON, which names each sample's views, is the largest): every number written at full length."""
     per_sample = sum(view.dim * JSON_BYTES_PER_FEATURE + len(view.name) + 8 for view in manifest.views) + 16
     return samples * per_sample + BODY_ENVELOPE_BYTES
+
+
+def json_samples(manifest: Manifest, limit: int) -> int:
+    """The most samples of ``manifest``'s model sure to fit in a body of ``limit`` bytes, as
+    :func:`body_bytes` counts them."""
+    return max(0, (limit - BODY_ENVELOPE_BYTES) // (body_bytes(manifest, 1) - BODY_ENVELOPE_BYTES))
 
 
 def body_limit(settings: Settings, models: Iterable[LoadedModel]) -> int:

@@ -190,7 +190,7 @@ def _fit(args: argparse.Namespace) -> int:
     from training.architecture import CANDIDATES, OUTVOTED_BETA
     from training.data import DataError
     from training.fit import fit
-    from training.progress import progress_for
+    from training.progress import Reporters
     from training.readers import load
     from training.registry import DEFAULT_HYPERPARAMETERS
     from training.train import Budget, TrainConfig, weighting_for
@@ -243,7 +243,7 @@ def _fit(args: argparse.Namespace) -> int:
             hidden=CANDIDATES if args.hidden is None else [args.hidden],
             outvoted_beta=OUTVOTED_BETA if args.beta is None else None,
             card=True,
-            progress=lambda epochs: progress_for(epochs, quiet=args.quiet),
+            progress=Reporters(quiet=args.quiet),
             in_place=True,  # the data was read for this fit alone: scaled where it lies, never held twice
         )
     except (DataError, ValueError) as error:

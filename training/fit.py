@@ -50,7 +50,7 @@ from training.evaluate import Evaluation, measure
 from training.export import check_model_dir, write_model
 from training.heads import EvidentialHeads, head_weights
 from training.metrics import accuracy
-from training.progress import Progress, ProgressBar, ProgressLines, progress_for
+from training.progress import Progress, ProgressBar, ProgressLines, Reporters, progress_for
 from training.protocol import EvaluationSets, Samples, evaluation_sets
 from training.readers import machine_memory, read_registered
 from training.registry import dataset_spec
@@ -287,7 +287,12 @@ def _train(
     share = None if schedule.time_limit is None else schedule.time_limit / len(candidates)
     trained, choice = choose_heads(
         lambda widths: _train_heads(
-            sets, data.num_classes, replace(config, hidden=widths), schedule.early_stopping, share, progress
+            sets,
+            data.num_classes,
+            replace(config, hidden=widths),
+            schedule.early_stopping,
+            share,
+            _named(progress, _heads_label(widths, candidates)),
         ),
         candidates,
         sets.validation,
@@ -394,7 +399,7 @@ def _calibrate(
                 replace(config, beta=beta),
                 schedule.early_stopping,
                 schedule.time_limit,
-                held_out.progress,
+                _named(held_out.progress, f"training again with beta {beta:g}"),
             )
             return again, held_out(again, beta=beta, time_limit=schedule.time_limit)
 
@@ -436,7 +441,7 @@ def _evaluate(
         acc_normal=evaluation.acc_normal,
         acc_conflict=evaluation.acc_conflict,
         auc=evaluation.auc,
-        acc_all_samples=_accuracy_over_everything(heads, sets, config=config),
+        acc_all_samples=_accuracy_over_everything(heads, sets, num_classes=data.num_classes, config=config),
     )
     return _Evaluated(test, evaluation, comparison, metrics)
 
@@ -478,18 +483,52 @@ def _fused(
     )
 
 
-def _accuracy_over_everything(heads: EvidentialHeads, sets: EvaluationSets, *, config: TrainConfig) -> float:
-    """The fused accuracy over every sample, training ones included (the manifest's ``acc_all_samples``)."""
-    evidence = predict_evidence(heads, sets.everything)
-    fused = fuse(opinion_from_evidence(evidence), config.method, lam=config.lam, mask=sets.present)
-    return accuracy(fused.probability, sets.everything.labels)
+ACCURACY_VALUES = 2**18
+"""Evidence values (samples x views x classes) fused at a time for the accuracy over every sample: fusing
+them costs about 18 bytes each, and with many classes all samples at once outgrew the data many times
+over."""
 
 
-def _labelled(progress: bool | Progress | None, total: int, *, label: str) -> bool | Progress | None:
-    """A reporter like ``progress`` (a bar, lines) for another run of ``total`` epochs, named ``label``."""
+def _accuracy_over_everything(
+    heads: EvidentialHeads, sets: EvaluationSets, *, num_classes: int, config: TrainConfig
+) -> float:
+    """The fused accuracy over every sample, training ones included (the manifest's ``acc_all_samples``),
+    fused :data:`ACCURACY_VALUES` evidence values at a time."""
+    everything, right = sets.everything, 0
+    rows = max(1, ACCURACY_VALUES // (len(heads.heads) * num_classes))
+    for start in range(0, len(everything), rows):
+        stop = min(start + rows, len(everything))
+        evidence = predict_evidence(heads, everything.features(start, stop))
+        mask = None if sets.present is None else sets.present[start:stop]
+        fused = fuse(opinion_from_evidence(evidence), config.method, lam=config.lam, mask=mask)
+        right += round(accuracy(fused.probability, everything.labels[start:stop]) * (stop - start))
+    return right / len(everything)
+
+
+def _labelled(
+    progress: bool | Progress | Callable[[int], Progress] | None, total: int, *, label: str
+) -> bool | Progress | Callable[[int], Progress] | None:
+    """A reporter like ``progress`` (a bar, lines, or reporters made per run) for another run of ``total``
+    epochs, named ``label``."""
     if isinstance(progress, ProgressBar | ProgressLines):
         return progress_for(total, bar=isinstance(progress, ProgressBar), label=label)
-    return progress
+    return _named(progress, label)
+
+
+def _named(
+    progress: bool | Progress | Callable[[int], Progress] | None, label: str
+) -> bool | Progress | Callable[[int], Progress] | None:
+    """``progress`` naming its runs ``label``, where it makes a reporter per run (:class:`Reporters`)."""
+    return progress.labelled(label) if isinstance(progress, Reporters) else progress
+
+
+def _heads_label(hidden: tuple[int, ...], candidates: Sequence[tuple[int, ...]]) -> str:
+    """What a training run of heads of ``hidden`` widths is called, among ``candidates``."""
+    kind = f"heads with hidden layers {','.join(map(str, hidden))}" if hidden else "linear heads"
+    if len(candidates) == 1:
+        return kind
+    position = [tuple(widths) for widths in candidates].index(tuple(hidden)) + 1
+    return f"{kind} ({position} of {len(candidates)})"
 
 
 def _parity_rows(data: MultiViewData) -> dict[str, tuple[np.ndarray, np.ndarray]]:

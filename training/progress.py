@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Protocol, TextIO
 
-__all__ = ["Progress", "ProgressBar", "ProgressLines", "Silent", "progress_for"]
+__all__ = ["Progress", "ProgressBar", "ProgressLines", "Reporters", "Silent", "progress_for"]
 
 
 class Progress(Protocol):
@@ -98,6 +98,33 @@ def progress_for(
     if bar is None:
         bar = not quiet and sys.stderr.isatty() and not os.environ.get("CI")
     return ProgressBar(total, label=label) if bar else ProgressLines(total, label=label)
+
+
+class Reporters:
+    """Makes each training run's reporter (:func:`progress_for`), named for what that run trains.
+
+    A fit trains several times (each candidate architecture, the cross-fitted models, the heads trained
+    again), each run counting its epochs from 1 with its own time left: unnamed, a log reads as one run
+    starting over, its time left far short of the fit's.
+
+    Parameters
+    ----------
+    quiet : bool
+        Lines instead of a bar, as :func:`progress_for`.
+    label : str, optional
+        The run's name, before each line (the bar's description).
+    """
+
+    def __init__(self, *, quiet: bool = False, label: str | None = None) -> None:
+        self.quiet = quiet
+        self.label = label
+
+    def __call__(self, total: int) -> Progress:
+        return progress_for(total, quiet=self.quiet, label=self.label)
+
+    def labelled(self, label: str) -> Reporters:
+        """Reporters like these for runs named ``label``."""
+        return Reporters(quiet=self.quiet, label=label)
 
 
 def _clock(seconds: float) -> str:

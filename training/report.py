@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
+
 from manifest import Calibration, FusionDefaults, Manifest, Metrics, OutOfRange, ViewEntry
 from training.architecture import HeadChoice, Outvoted
 from training.baseline import Comparison
@@ -20,6 +22,13 @@ from training.protocol import SQUEEZE, EvaluationSets, copies_in_test, duplicate
 from training.train import EarlyStopping, History, TrainConfig
 
 __all__ = ["FitReport"]
+
+VACUOUS = 1 - 1e-6
+"""A view's uncertainty at or above which its head gave no evidence (below a millionth of its classes')."""
+
+CERTAIN = 1e-9
+"""A view's uncertainty at or below which its evidence is near the capped exponential's ceiling (1e13 a
+class): certain whatever its input."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,6 +100,7 @@ class FitReport:
             + self._copies()
             + self._duplicated_views()
             + folds
+            + self._broken_heads()
         )
 
     @cached_property
@@ -102,6 +112,33 @@ class FitReport:
     def confidence_noise(self) -> float:
         """The ECE a perfectly calibrated ``confidence`` exceeds one time in 20 on the clean test samples."""
         return confidence_noise(self.calibration, self.test)
+
+    def _broken_heads(self) -> list[str]:
+        """Views whose head gives no evidence on any test sample, or evidence at the capped exponential's
+        ceiling on every one: its training broke down (as a view of many thousands of features makes it
+        overshoot), where a view with nothing to learn still gives some evidence."""
+        views, present = self.test.views, self.test.present
+        if views is None:
+            return []
+        notes = []
+        for v, (view, dim) in enumerate(zip(self.data.view_names, self.data.view_dims, strict=True)):
+            uncertainty = views.uncertainty[:, v] if present is None else views.uncertainty[present[:, v], v]
+            if not uncertainty.size:
+                continue
+            samples = f"{uncertainty.size} test samples that have it"
+            if np.all(uncertainty >= VACUOUS):
+                what = f"gives no evidence on any of the {samples} (uncertainty 1): it is ignored"
+            elif np.all(uncertainty <= CERTAIN):
+                what = f"is certain on every one of the {samples}, whatever its features"
+            else:
+                continue
+            notes.append(
+                f"`{view}` ({dim} features): its head {what}; its training broke down, as a view of many "
+                "thousands of features makes it overshoot (each step moves its scores by about the learning "
+                "rate times the sum of its scaled features): reduce its features (e.g. a PCA to a few "
+                "thousand, or fewer) before fitting, and the same in every request"
+            )
+        return notes
 
     def _still_improving(self) -> list[str]:
         """A run that the epoch cap or the time limit ended while its validation loss still improved."""

@@ -79,10 +79,23 @@ def test_a_set_body_limit_wins_over_the_models(wide):
 
 
 def test_a_body_limit_past_the_body_budget_is_said_at_load(wide, monkeypatch, caplog):
-    """Bodies the limit takes but the body budget cannot hold would be refused (503) for ever: said."""
+    """Bodies the limit takes but the body budget cannot hold would be refused (413) for ever: said, with
+    the model and how many samples fit (it said 503, and named neither: a 20,000-feature model's 400 JSON
+    samples, 164 MB, were a 413 that nothing at load had foretold)."""
     monkeypatch.setattr(logging.getLogger("dbf"), "propagate", True)  # to caplog, as service.app stops it
     repository = load_repository(Settings(model_dir=wide, body_memory_bytes=32 << 20))
     assert repository.max_body_bytes > 32 << 20
     assert (
         "are taken (DBF_MAX_BODY_BYTES) but 33554432 are held at once (DBF_BODY_MEMORY_BYTES)" in caplog.text
     )
+    per_sample = sum(d * 26 + len(v) + 8 for v, d in WIDE_DIMS.items()) + 16  # every number at full length
+    fit = ((32 << 20) - 65536) // per_sample
+    assert f"larger bodies are refused, 413 ('wide' in JSON past {fit} samples, at full length" in caplog.text
+    with serving(wide, body_memory_bytes=32 << 20) as url:  # and 413 is what such a body gets
+        answer = httpx.post(
+            url + "/v1/models/wide/predict",
+            content=longest_json(SAMPLES),
+            headers={"content-type": "application/json"},
+            timeout=120,
+        )
+        assert answer.status_code == 413 and "DBF_BODY_MEMORY_BYTES" in answer.text

@@ -100,6 +100,35 @@ def test_the_time_limit_ends_a_run_and_says_so(tmp_path, capsys):
     assert "reached the time limit" in card and "**The time limit ended training while" in card
 
 
+def test_each_training_run_of_a_fit_is_named_in_its_progress_lines(tmp_path, capsys):
+    # A fit trains several times, each run counting its epochs from 1 with its own time left: unnamed, the
+    # lines of a 30-view fit read as one run starting over three times, each "at most 3 minutes left".
+    data = write_npy(tmp_path / "data", *dataset())
+    assert fit("--data", data, "--out", tmp_path / "model", "--epochs", "4", "--quiet") == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if re.search(r"epoch \d+/\d+: loss", line)]
+    runs = list(dict.fromkeys(line.split(": epoch ")[0] for line in lines))
+    assert not [line for line in lines if line.startswith("epoch")]
+    assert runs[:2] == ["linear heads (1 of 2)", "heads with hidden layers 64 (2 of 2)"]
+    assert "cross-fitting 5 models" in runs  # 60 samples: too few validation ones, so cross-fitted
+
+
+def test_a_view_whose_head_broke_down_in_training_is_named_with_what_to_do(tmp_path, capsys):
+    # 20,000 features scaled to [0, 1]: one Adam step moves a linear head's scores by about 0.003 x 10,000,
+    # and its evidence went to the cap or to nothing; the card blamed the data ("may carry nothing its head
+    # can use") for a view a logistic regression is right on every time with.
+    views, labels = dataset(per_class=100)
+    rng = np.random.default_rng(1)
+    codes = np.searchsorted(np.unique(labels), labels)
+    wide = rng.normal(size=(3, 20_000))[codes] + rng.normal(size=(labels.size, 20_000))
+    data = write_npy(tmp_path / "data", {"wide": wide.astype(np.float32), "text": views["text"]}, labels)
+    out = tmp_path / "model"
+    assert fit("--data", data, "--out", out, "--epochs", "20", "--hidden", "0", "--quiet") == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "training broke down" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: `wide` (20000 features): its head ")
+    assert "reduce its features" in warnings[0]
+    assert "`wide` (20000 features): its head" in (out / "card.md").read_text()
+
+
 def test_a_run_stopped_early_does_not_say_it_was_cut_short(tmp_path, capsys):
     data = write_npy(tmp_path / "data", *overfitted())
     out = tmp_path / "model"
