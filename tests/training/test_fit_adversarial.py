@@ -180,7 +180,10 @@ def tiny_model(tmp_path):
         "heads": EvidentialHeads([3, 2], len(template.classes)),
         "scaler": scaler,
         "parity": {v: (raw[v], scaled[v]) for v in raw},
-        "manifest": lambda views: template.model_copy(update={"name": "pets", "views": views}),
+        # CUB's view_agreement names its own views, not these
+        "manifest": lambda views: template.model_copy(
+            update={"name": "pets", "views": views, "view_agreement": None}
+        ),
     }
 
 
