@@ -18,13 +18,7 @@ import numpy as np
 
 from manifest import CalibrationSamples, Manifest
 from training.architecture import Candidate, HeadChoice
-from training.calibrate import (
-    REPORT_COVERAGES,
-    CalibrationReport,
-    agreeing_views,
-    class_coverage,
-    evaluate_calibration,
-)
+from training.calibrate import REPORT_COVERAGES, CalibrationReport, class_coverage, evaluate_calibration
 from training.export import CARD_FIGURES
 from training.metrics import Rate, coverage_band
 from training.report import FitReport
@@ -225,13 +219,13 @@ def view_agreement(report: FitReport, manifest: Manifest) -> Section | None:
     rates = manifest.view_agreement
     if not rates:
         return None
-    fitted, test = agreeing_views(report.post_hoc.fitted), agreeing_views(report.test)
     rows = []
-    for v, view in enumerate(manifest.views):
+    for view in manifest.views:
         if view.name not in rates:
             continue
         measured = rates[view.name]
-        on_fitted, on_test = (Rate.of(agreed[compared[:, v], v]) for agreed, compared in (fitted, test))
+        on_fitted = _counted(measured.clean, measured.samples)
+        on_test = _counted(measured.test or 0.0, measured.test_samples or 0)
         rows.append(
             f"| `{view.name}` | {_rate_of(on_fitted)} | {_rate_of(on_test)} | {_percent(measured.chance)} | "
             f"{_percent(measured.alert_below)} |"
