@@ -92,7 +92,13 @@ def pairwise_l1(x: Array, xp: Any) -> Array:
         import torch  # only reached when the input already is a torch tensor
 
         if x.dtype in (torch.float32, torch.float64):
-            return torch.cdist(x, x, p=1.0)
+            if not x.requires_grad:
+                return torch.cdist(x, x, p=1.0)
+            # cdist(x, x) takes its backward pass twice, once per argument. The matrix is symmetric, so one
+            # pass with the gradient's symmetric part does: d + d^T - d is d to the bit, and carries G + G^T
+            # into the first argument's backward alone.
+            distance = torch.cdist(x, x.detach(), p=1.0)
+            return distance + distance.transpose(-1, -2) - distance.detach()
     if xp is _numpy or array_api_compat.is_numpy_namespace(xp):
         x = _numpy.asarray(x)
         v = x.shape[-2]

@@ -7,6 +7,8 @@ every view (their rows and columns are 0) and discount 1.
 
 from __future__ import annotations
 
+import array_api_compat
+
 from fusion._array import Array, namespace, pairwise_l1
 from fusion.opinion import Opinion, checked_mask, projected_probability, vacuous_where_missing
 
@@ -128,6 +130,10 @@ def discount_factors(conflict: Array, /, *, lam: float = 1.0, xp=None) -> Array:
         In [0, 1]; 1 for a view that conflicts with none.
     """
     a = agreement(conflict, lam=lam, xp=xp)
+    if a.shape[-1] > 2 and array_api_compat.is_torch_array(a):
+        # Under autograd each column picked below would take back a gradient the size of the whole matrix:
+        # cubic in the views. The product's own gradient is quadratic.
+        return a.prod(dim=-1)
     eta = a[..., 0]
     for i in range(1, a.shape[-1]):  # unrolled over the few views: faster than numpy's prod(axis=-1)
         eta = eta * a[..., i]

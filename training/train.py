@@ -263,7 +263,8 @@ def train_members(
     batches = _Batches(views, labels, seeds=seeds, rows=rows, present=present)
     weights = _member_class_weights(labels, rows, num_classes=num_classes, weighting=config.class_weighting)
     hp = config.hyperparameters
-    optimizer = torch.optim.Adam(stacked.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
+    # fused: one kernel per weight instead of a dozen small operations each, which dominate these small heads
+    optimizer = torch.optim.Adam(stacked.parameters(), lr=hp.lr, weight_decay=hp.weight_decay, fused=True)
     reporter = _reporter(progress, config.epochs)
     watch = _Watch(len(seeds), early_stopping, annealing_step=hp.annealing_step, time_limit=time_limit)
     for epoch in range(1, config.epochs + 1):
@@ -626,14 +627,15 @@ class _StackedHeads(nn.Module):
         self.activation = first.heads[0].activation
 
     def forward(self, views: Sequence[torch.Tensor]) -> torch.Tensor:
-        out = []
+        logits = []
         for layers, x in zip(self.views, views, strict=True):
             for i, layer in enumerate(layers):
                 x = layer(x)
                 if i < len(layers) - 1:
                     x = torch.relu(x)
-            out.append(evidence_activation(x, self.activation))
-        return torch.stack(out, dim=-2)
+            logits.append(x)
+        # One activation over every view's logits: its few operations per call, not per view.
+        return evidence_activation(torch.stack(logits, dim=-2), self.activation)
 
     def member_state(self, m: int) -> dict[str, torch.Tensor]:
         """A copy of member ``m``'s weights (to restore with :meth:`load_member_state`)."""

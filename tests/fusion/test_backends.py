@@ -191,3 +191,18 @@ def test_torch_keeps_the_autograd_graph_and_device():
     assert out.belief.requires_grad and out.belief.device == e.device
     out.uncertainty.sum().backward()
     assert e.grad is not None and torch.isfinite(e.grad).all()
+
+
+@pytest.mark.parametrize("views", [2, 3, 6, 30])
+def test_discount_gradient_is_the_product_of_the_other_agreements(views):
+    """``d eta^v / d A_vi = prod_{j != i} A_vj``, also where another agreement is 0 (total conflict) and
+    for many views (torch takes a product over the whole row there, numpy multiplies column by column)."""
+    rng = np.random.default_rng(views)
+    c = rng.uniform(0.05, 0.95, size=(2, views, views))
+    c[0, 0, 1] = 1.0  # view 0 in total conflict with view 1: A_01 = 0
+    conflict = torch.tensor(c, requires_grad=True)
+    discount_factors(conflict).sum().backward()
+    a = 1 - c
+    others = np.stack([np.prod(np.delete(a, i, axis=-1), axis=-1) for i in range(views)], axis=-1)
+    np.testing.assert_allclose(conflict.grad.numpy(), -others, rtol=1e-12, atol=1e-300)
+    np.testing.assert_allclose(discount_factors(conflict).detach().numpy(), discount_factors(c), rtol=1e-13)
