@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import numpy as np
@@ -232,9 +232,9 @@ def _answer(status: str, body: bytes, *headers: str) -> bytes:
 
 
 @contextlib.contextmanager
-def _server(answer: bytes, seen: list[bytes] | None = None) -> Iterator[str]:
-    """A loopback HTTP server that reads each request (head and Content-Length body), appends it to ``seen``
-    and sends ``answer`` as it is; yields its base URL."""
+def _loopback_server(handle: Callable[[socket.socket, threading.Event], None]) -> Iterator[str]:
+    """A loopback server that gives each connection it accepts to ``handle`` (with an event set once the
+    block ends), one at a time, in a thread; yields its base URL."""
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(0.05)  # to see the block end
     done = threading.Event()
@@ -247,23 +247,7 @@ def _server(answer: bytes, seen: list[bytes] | None = None) -> Iterator[str]:
                 continue
             with conn:
                 conn.settimeout(5)
-                request = b""
-                while b"\r\n\r\n" not in request and (chunk := conn.recv(65536)):
-                    request += chunk
-                head, _, body = request.partition(b"\r\n\r\n")
-                length = next(
-                    (
-                        int(f.split(b":")[1])
-                        for f in head.lower().split(b"\r\n")
-                        if f.startswith(b"content-length:")
-                    ),
-                    0,
-                )
-                while len(body) < length and (chunk := conn.recv(65536)):
-                    body += chunk
-                if seen is not None:
-                    seen.append(head + b"\r\n\r\n" + body)
-                conn.sendall(answer)
+                handle(conn, done)
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -273,6 +257,28 @@ def _server(answer: bytes, seen: list[bytes] | None = None) -> Iterator[str]:
         done.set()
         thread.join(timeout=5)
         listener.close()
+
+
+def _server(answer: bytes, seen: list[bytes] | None = None) -> contextlib.AbstractContextManager[str]:
+    """A loopback HTTP server that reads each request (head and Content-Length body), appends it to ``seen``
+    and sends ``answer`` as it is; yields its base URL."""
+
+    def handle(conn: socket.socket, done: threading.Event) -> None:
+        request = b""
+        while b"\r\n\r\n" not in request and (chunk := conn.recv(65536)):
+            request += chunk
+        head, _, body = request.partition(b"\r\n\r\n")
+        length = next(
+            (int(f.split(b":")[1]) for f in head.lower().split(b"\r\n") if f.startswith(b"content-length:")),
+            0,
+        )
+        while len(body) < length and (chunk := conn.recv(65536)):
+            body += chunk
+        if seen is not None:
+            seen.append(head + b"\r\n\r\n" + body)
+        conn.sendall(answer)
+
+    return _loopback_server(handle)
 
 
 def _predict_with(kind: type, base: str, **options: object) -> Prediction:
@@ -411,34 +417,19 @@ def test_a_model_named_with_dots_is_asked_for_by_name(url):
 def _endless_answer(status: str) -> Iterator[tuple[str, list[int]]]:
     """A loopback server that answers each request with ``status`` and a chunked body that never ends (a
     megabyte at a time, until the client hangs up); yields its base URL and the bytes it got to send."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.settimeout(0.05)  # to see the block end
-    done = threading.Event()
     sent: list[int] = []
 
-    def serve() -> None:
-        while not done.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            with conn, contextlib.suppress(OSError):
-                conn.settimeout(5)
-                conn.recv(65536)
-                conn.sendall(f"HTTP/1.1 {status}\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
-                chunk = b"%x\r\n%s\r\n" % (1 << 20, b" " * (1 << 20))
-                while not done.is_set():
-                    conn.sendall(chunk)
-                    sent.append(len(chunk))
+    def handle(conn: socket.socket, done: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            conn.recv(65536)
+            conn.sendall(f"HTTP/1.1 {status}\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
+            chunk = b"%x\r\n%s\r\n" % (1 << 20, b" " * (1 << 20))
+            while not done.is_set():
+                conn.sendall(chunk)
+                sent.append(len(chunk))
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}", sent
-    finally:
-        done.set()
-        thread.join(timeout=5)
-        listener.close()
+    with _loopback_server(handle) as base:
+        yield base, sent
 
 
 @pytest.mark.parametrize("kind", [Client, AsyncClient])
