@@ -31,13 +31,14 @@ connection:
 
 and :class:`ConnectionAnswers` (ASGI, around the app) two answers uvicorn gets wrong:
 
-- an answer refusing a body too large to read (413, or any answer to a declared body over
-  ``DBF_MAX_BODY_BYTES``), or one that stalled (408), says ``Connection: close``: uvicorn then closes the
-  connection after it instead of reading and discarding the rest of the body, however large. The rest of a
-  smaller body answered early (401, 415, 503 overloaded) is read and dropped, as uvicorn does, but within
-  limits (at most ``DBF_MAX_BODY_BYTES`` within ``DBF_IDLE_TIMEOUT_SECONDS``): the connection stays usable,
-  and a client still sending can read its answer (closing on unread bytes resets the connection: most
-  clients then lose the answer);
+- an answer refusing a body too large to read through (any answer to a body declared over twice
+  ``DBF_MAX_BODY_BYTES``, a 413 to a streamed one), or one that stalled (408), says ``Connection: close``:
+  uvicorn then closes the connection after it instead of reading and discarding the rest of the body,
+  however large. The rest of a smaller body answered early (a 413 to a body declared a little over the
+  limit, 401, 415, 503 overloaded) is read and dropped, as uvicorn does, but within limits
+  (:func:`drained_bytes` within ``DBF_IDLE_TIMEOUT_SECONDS``): the connection stays usable, and a client
+  still sending can read its answer (closing on unread bytes resets the connection: clients that send
+  their whole body before reading, as http.client and httpx's async client do, then lose the answer);
 - a request still running when the graceful-shutdown period ends (a slow upload, say) is answered 503
   ``shutting_down`` in the service's error format, not uvicorn's text/plain 500.
 
@@ -95,7 +96,7 @@ class ConnectionLimits:
     max_header_count: int
     header_timeout: float
     max_connections: int
-    max_body_bytes: int
+    max_drained_bytes: int  # of a body answered before it was all read (drained_bytes)
     send_window: float  # seconds within which a client must take min_send_bytes of an answer held for it
     min_send_bytes: int
     max_unsent_bytes: int  # of answers held for clients, all connections together
@@ -107,11 +108,21 @@ class ConnectionLimits:
             max_header_count=settings.max_header_count,
             header_timeout=settings.header_timeout_seconds,
             max_connections=max_connections or settings.max_connections,
-            max_body_bytes=settings.max_body_bytes,
+            max_drained_bytes=drained_bytes(settings.max_body_bytes),
             send_window=settings.idle_timeout_seconds,
             min_send_bytes=_bytes_within(settings.body_min_bytes_per_second, settings.idle_timeout_seconds),
             max_unsent_bytes=settings.body_memory_bytes,
         )
+
+
+def drained_bytes(max_body_bytes: int) -> int:
+    """How many bytes of a body answered before it was all read are still read and dropped, at most: twice
+    the body limit. A client that sends its whole body before it reads (http.client, httpx's async client)
+    loses the answer if the connection closes on bytes unread (the kernel resets it): a body declared a
+    little over the limit, the usual mistake, is read through so that its client gets the 413. That costs
+    no more than a request within the limit and no memory (the bytes are dropped as they come); a larger
+    declared body is refused without reading on."""
+    return 2 * max_body_bytes
 
 
 def _bytes_within(rate: float, seconds: float) -> int:
@@ -362,7 +373,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             # Some of the answer waits for the client, which may never take it: watched from its end (an
             # answer is only written once the one before has mostly gone).
             self._hold_unsent(new_answer=True)
-        if self.transport.is_closing():  # Connection: close (on a 413, see ConnectionAnswers)
+        if self.transport.is_closing():  # Connection: close (a body too large to read, see ConnectionAnswers)
             return
         if not self.cycle.response_complete:  # a pipelined request, all in, has just been started
             self.book.move(self, "answering")
@@ -370,8 +381,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             # Answered before its body was in (401, 415, 503 overloaded...): uvicorn reads the rest and
             # discards it, which keeps the connection usable and lets a client still sending read the
             # answer (closing on unread bytes resets the connection, and async clients lose the answer).
-            # But within limits: at most DBF_MAX_BODY_BYTES more, within DBF_IDLE_TIMEOUT_SECONDS.
-            self.drain_left = self.limits.max_body_bytes
+            # But within limits: at most drained_bytes, within DBF_IDLE_TIMEOUT_SECONDS.
+            self.drain_left = self.limits.max_drained_bytes
             self.deadline = self.loop.call_later(self.timeout_keep_alive, self._drain_timed_out)
             self.book.move(self, "receiving")
         else:  # kept alive: waiting for the next request
@@ -497,14 +508,14 @@ def _malformed(error: httptools.HttpParserError) -> tuple[int, str, str]:
 
 
 class ConnectionAnswers:
-    """ASGI wrapper: ``Connection: close`` on an answer that refuses a body too large to read (the rest is
-    never read), and 503 ``shutting_down`` for a request cut at the end of the graceful-shutdown period;
-    and a start the app refused for a reason it logged (``state.start_refused``) without the traceback the
-    framework would add to it."""
+    """ASGI wrapper: ``Connection: close`` on an answer that refuses a body too large to read through (the
+    rest is never read), and 503 ``shutting_down`` for a request cut at the end of the graceful-shutdown
+    period; and a start the app refused for a reason it logged (``state.start_refused``) without the
+    traceback the framework would add to it."""
 
     def __init__(self, app: Any, *, max_body_bytes: int, state: Any = None) -> None:
         self.app = app
-        self.max_body_bytes = max_body_bytes
+        self.max_drained_bytes = drained_bytes(max_body_bytes)
         self.state = state
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
@@ -526,12 +537,13 @@ class ConnectionAnswers:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
-                # The rest of a body over the limit, or of one that stalled (408), is not read: uvicorn,
-                # seeing the header, closes the connection after the answer. (A smaller rest is read and
-                # dropped: GuardedHttpProtocol.)
+                # The rest of a body too large to read through, streamed past the limit or stalled (408)
+                # is not read: uvicorn, seeing the header, closes the connection after the answer. (A
+                # smaller rest is read and dropped: GuardedHttpProtocol.)
                 if body_pending and (
-                    message["status"] in (408, 413)
-                    or (declared is not None and declared > self.max_body_bytes)
+                    message["status"] == 408
+                    or (declared is None and message["status"] == 413)
+                    or (declared is not None and declared > self.max_drained_bytes)
                 ):
                     message = {**message, "headers": [*message.get("headers", ()), _CLOSE]}
             await send(message)

@@ -443,6 +443,31 @@ def test_a_body_over_the_limit_is_refused_and_not_read():
                     assert sent < 32 * 1024 * 1024 and time.monotonic() - started < 5, sent
 
 
+def test_a_body_a_little_over_the_limit_is_read_through_so_that_its_client_gets_the_413():
+    """A client that sends its whole body before reading (http.client, httpx's async client) lost the 413
+    to a body declared over DBF_MAX_BODY_BYTES: the connection closed on bytes unread, and its next send
+    was reset. A body declared up to twice the limit is read and dropped: every byte is taken, the 413
+    read, and the connection stays usable; one declared over twice the limit is still not read."""
+    limit = 1 << 20
+    post = b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    post += b"Content-Length: %d\r\n\r\n"
+    piece = b" " * 65536
+    with running_service("--model-dir", HANDWRITTEN, env={"DBF_MAX_BODY_BYTES": str(limit)}) as url:
+        with socket.create_connection(address(url), timeout=10) as conn:
+            conn.sendall(post % (2 * limit))
+            for _ in range(2 * limit // len(piece)):  # as over a network: the answer comes before the end
+                conn.sendall(piece)
+                time.sleep(0.005)
+            status, headers, error = error_of(read_one(conn))
+            assert (status, error["type"], headers.get("connection")) == (413, "payload_too_large", None)
+            conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert read_one(conn).startswith(b"HTTP/1.1 200 ")
+        with socket.create_connection(address(url), timeout=10) as conn:  # one byte more: not read
+            conn.sendall(post % (2 * limit + 1) + piece)
+            status, headers, error = error_of(read_answer(conn))
+            assert (status, error["type"], headers["connection"]) == (413, "payload_too_large", "close")
+
+
 def test_the_rest_of_a_body_answered_early_is_read_within_limits():
     """An answer before a body within the limit (415, 503 overloaded, 401): the rest is read and dropped,
     so that a client still sending gets its answer and the connection stays usable; but a rest trickled
