@@ -345,9 +345,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 "a request asking to Upgrade cannot carry a body here: send it without the Upgrade header",
             )
             raise _Refused
-        framing = _framing_fault(self.headers)
-        if framing is not None:
-            self.refusal = framing
+        fault = _head_fault(self.parser.get_http_version(), self.headers)
+        if fault is not None:
+            self.refusal = fault
             raise _Refused
         self._cancel_deadline()
         self.head_open = self.head_started = False
@@ -435,7 +435,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         """Answer ``status`` in the error format and close: the rest of what the client sends is not read."""
         self._cancel_deadline()
         self._unset_keepalive_if_required()
-        body = error_body("", reason, message)  # the path is not known (or not read) yet
+        # In the error format of the route asked for, as far as the request target has come (none: v1's).
+        target = self.url if self.head_started else b""
+        body = error_body(target.partition(b"?")[0].decode("latin-1"), reason, message)
         head = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\n".encode()]
         head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
         head.append(
@@ -588,10 +590,21 @@ _FRAMING = frozenset(
 )
 
 
-def _framing_fault(headers: list[tuple[bytes, bytes]]) -> tuple[int, str, str] | None:
-    """The refusal (400) of a head giving a header of :data:`_FRAMING` twice, or a transfer coding besides
-    ``chunked`` (llhttp takes ``gzip, chunked`` and undoes the chunking alone: the body would be read
-    still gzipped; RFC 9112 suggests 501, but a client's mistake gets a 4xx here); None for neither."""
+def _head_fault(version: str, headers: list[tuple[bytes, bytes]]) -> tuple[int, str, str] | None:
+    """The refusal (400) of a head that is not HTTP/1.0 or 1.1 (llhttp takes ``HTTP/2.0`` and a request line
+    with no version, HTTP/0.9's), of an HTTP/1.1 one without ``Host`` (RFC 9112, 3.2), one giving a header
+    of :data:`_FRAMING` twice, or a transfer coding besides ``chunked`` (llhttp takes ``gzip, chunked`` and
+    undoes the chunking alone: the body would be read still gzipped); None for none of them. RFC 9110 and
+    9112 suggest 505 and 501 for the first and last, but a client's mistake gets a 4xx here."""
+    if version not in ("1.0", "1.1"):
+        return (
+            400,
+            "malformed_request",
+            f"not a valid HTTP/1.1 request: HTTP/{version} is not served here, HTTP/1.1 is (gRPC on its own "
+            "port)",
+        )
+    if version == "1.1" and not any(name == b"host" for name, _ in headers):
+        return 400, "malformed_request", "an HTTP/1.1 request needs a Host header (RFC 9112, 3.2)"
     seen = set()
     for name, value in headers:
         if name in _FRAMING:

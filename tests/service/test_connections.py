@@ -352,6 +352,43 @@ def test_an_upgrade_request_is_answered_as_plain_http():
         )
 
 
+def test_a_head_refused_by_the_server_is_answered_in_the_format_of_the_route_asked_for():
+    """The refusals the server writes itself (431, 414, 400, 408) came in v1's error format on /v2 routes
+    too: tritonclient raised an InferenceServerException whose message was a dict. Each is now in the format
+    of the route its request target names, as far as the target has arrived. And a request line that is not
+    HTTP/1.0 or 1.1 (llhttp took HTTP/2.0, and HTTP/0.9's line without a version), or an HTTP/1.1 request
+    without Host (RFC 9112, 3.2), was served as HTTP/1.1: now refused as not HTTP/1.1."""
+    many = b"".join(b"X-%d: 1\r\n" % i for i in range(101))
+
+    def raw(head: bytes) -> bytes:
+        with socket.create_connection(address(url), timeout=10) as conn:
+            conn.sendall(head)
+            return read_answer(conn)
+
+    with running_service("--model-dir", HANDWRITTEN, env={"DBF_HEADER_TIMEOUT_SECONDS": "1"}) as url:
+        for target, form in ((b"POST /v2/models/handwritten/infer", str), (b"POST /predict", dict)):
+            heads = {
+                431: target + b" HTTP/1.1\r\nHost: x\r\n" + many + b"\r\n",
+                414: target + b"/" + b"a" * 40_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+                400: target + b" HTTP/1.1\r\nHost: x\r\nContent-Type: a\r\nContent-Type: b\r\n\r\n",
+                408: target + b" HTTP/1.1\r\nHost: x\r\n",  # never finished: the head's deadline ends it
+            }
+            for status, head in heads.items():
+                got, _, error = error_of(raw(head))
+                assert (got, type(error)) == (status, form), (target, status, error)
+        refused = {
+            b"GET /health HTTP/2.0\r\nHost: x\r\n\r\n": "HTTP/2.0 is not served here",
+            b"GET /health\r\n\r\n": "HTTP/0.9 is not served here",
+            b"GET /health HTTP/1.1\r\n\r\n": "needs a Host header",
+        }
+        for head, message in refused.items():
+            status, _, error = error_of(raw(head))
+            assert (status, error["type"]) == (400, "malformed_request") and message in error["message"], head
+        status, _, error = error_of(raw(b"GET /v2/health/ready HTTP/2.0\r\nHost: x\r\n\r\n"))
+        assert status == 400 and "HTTP/2.0 is not served here" in error
+        assert raw(b"GET /health HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.1 200 ")  # Host is 1.1's
+
+
 def test_a_body_framed_two_ways_or_in_a_coding_not_undone_is_refused():
     """A header that says how to read the body, or Host, given twice (a proxy taking the other value would
     read another request, or route it elsewhere), and a transfer coding besides chunked (llhttp undid the

@@ -139,6 +139,13 @@ def test_tritonclient_json_outputs_on_a_binary_request_versions_and_parameters(u
             "400",
             "outputs[0] (logits): unknown output",
         ),
+        # refused by the server before any route (the message was a dict: v1's error format)
+        (
+            lambda c, i: c.infer("handwritten", i, headers={f"x-h{n}": "1" for n in range(101)}),
+            "431",
+            "more than 100 header fields",
+        ),
+        (lambda c, i: c.infer("m" * 40_000, i), "414", "request target over"),
     ],
 )
 def test_tritonclient_errors_carry_the_message(url, call, status, message):
