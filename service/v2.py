@@ -22,6 +22,7 @@ object is refused (as v1 does), never read as the last of the two.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +52,8 @@ JSON_MEDIA_TYPE = "application/json"
 _DECODER = msgspec.json.Decoder(InferRequest)
 _FLAT = msgspec.json.Decoder(list[float])  # the usual JSON tensor: flat, as tritonclient and kserve send it
 _NESTED = msgspec.json.Decoder(list[list[float]])  # nested as its [N, dim] shape
+# msgspec's words for a number beyond float64, and where: `$[3]`, `$[0][2]`
+_OUT_OF_RANGE = re.compile(r"Number out of range - at `\$(.*)`")
 # From this size a JSON body is read by simdjson (_read_fast): below it, its setup and the Python around it
 # cost more than the Python floats it saves (one HandWritten sample, 13 KB, is below it).
 _FAST_READ_BYTES = 16 * 1024
@@ -531,7 +534,13 @@ def refuse_shared_memory(parameters: dict[str, Any], where: str, instead: str) -
         raise InvalidInput(f"{where}: the shared-memory extension is not supported; {instead}")
 
 
-def _malformed(count: int, where: str) -> str:
+def _malformed(count: int, where: str, *errors: Exception) -> str:
+    """Why a tensor's JSON ``data`` was refused: a number beyond float64 where msgspec found one (it was
+    else said to be the wrong count of numbers), else not ``count`` numbers as the shape has them."""
+    for error in errors:
+        beyond = _OUT_OF_RANGE.match(str(error))
+        if beyond:
+            return f"{where}: data{beyond[1]} is not a finite float32 (a number beyond float64)"
     return f"{where}: data must be {count} numbers, flat or nested as the shape"
 
 
@@ -541,11 +550,11 @@ def _json_data(raw: msgspec.Raw, rows: int, dim: int, where: str) -> np.ndarray:
     infinity: the caller ignores numpy's overflow warnings, and refuses them as not finite."""
     try:
         values: list = _FLAT.decode(raw)
-    except msgspec.ValidationError:
+    except msgspec.ValidationError as flat:
         try:
             nested = _NESTED.decode(raw)
-        except (msgspec.ValidationError, RecursionError):
-            raise InvalidInput(_malformed(rows * dim, where)) from None
+        except (msgspec.ValidationError, RecursionError) as error:
+            raise InvalidInput(_malformed(rows * dim, where, flat, error)) from None
         if len(nested) != rows or any(len(row) != dim for row in nested):
             raise InvalidInput(_malformed(rows * dim, where)) from None
         return np.array(nested, dtype=np.float32)

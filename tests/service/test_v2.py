@@ -203,7 +203,9 @@ def test_a_row_of_nan_marks_the_view_missing_from_that_sample(url):
         ([True] * 6, "data must be 6 numbers"),
         (["0.5"] * 6, "data must be 6 numbers"),
         ([[0.5] * 3, [0.5] * 2], "data must be 6 numbers"),
-        ([10**400] + [0.5] * 5, "data must be 6 numbers"),
+        # beyond float64: said so, where (it was said to be the wrong count of numbers)
+        ([10**400] + [0.5] * 5, "inputs[0] (mor): data[0] is not a finite float32 (a number beyond float64)"),
+        ([[0.5] * 5 + [-(10**400)]], "inputs[0] (mor): data[0][5] is not a finite float32"),
         ([1e39] + [0.5] * 5, "not a finite float32"),
         ([0.5, float("nan")] + [0.5] * 4, "inputs[0] (mor): data[1] is NaN, which is not a JSON number"),
         ([float("-inf")] + [0.5] * 5, "inputs[0] (mor): data[0] is -Infinity, which is not a JSON number"),
