@@ -173,10 +173,12 @@ def decode(
         if not (raw or typed):
             v2.refuse_shared_memory(parameters, where, "send its data in the message")
         if tensor.datatype == "FP32":  # another is refused by v2's checks, whatever its data
+            shape = list(tensor.shape)
+            checked = _counted_here(shape, max_samples)
             if raw:
-                flat[i] = _raw_values(raw[i], f"{where}: raw_input_contents[{i}]", list(tensor.shape))
+                flat[i] = _raw_values(raw[i], f"{where}: raw_input_contents[{i}]", shape, checked=checked)
             else:
-                flat[i] = _typed_values(tensor.contents, where, list(tensor.shape))
+                flat[i] = _typed_values(tensor.contents, where, shape, checked=checked)
         else:
             flat[i] = np.empty(0, np.float32)
         # REST's binary extension (kserve's client sends it beside raw contents): no meaning over gRPC,
@@ -231,10 +233,18 @@ def metadata(signature: ModelSignature) -> pb.ModelMetadataResponse:
     )
 
 
-def _typed_values(contents: pb.InferTensorContents, where: str, shape: list[int]) -> np.ndarray:
+def _counted_here(shape: list[int], max_samples: int) -> bool:
+    """Whether an input's values are counted against its ``shape`` as they are read: where v2's checks take
+    the shape (two dimensions, none negative, at most ``max_samples`` rows). They refuse any other first,
+    whatever the values, as over REST (400; 413 for too many rows)."""
+    return len(shape) == 2 and min(shape) >= 0 and shape[0] <= max_samples
+
+
+def _typed_values(
+    contents: pb.InferTensorContents, where: str, shape: list[int], *, checked: bool
+) -> np.ndarray:
     """An FP32 input's typed values: its ``fp32_contents``, and no values of another type beside them; their
-    count checked against ``shape``'s (where it is one v2's checks can take: two dimensions, none
-    negative)."""
+    count checked against ``shape``'s where ``checked`` (:func:`_counted_here`)."""
     others = [field.name for field, _ in contents.ListFields() if field.name != "fp32_contents"]
     if others:
         raise InvalidInput(
@@ -242,7 +252,7 @@ def _typed_values(contents: pb.InferTensorContents, where: str, shape: list[int]
             "raw_input_contents)"
         )
     values = contents.fp32_contents
-    if len(shape) == 2 and min(shape) >= 0 and len(values) != shape[0] * shape[1]:
+    if checked and len(values) != shape[0] * shape[1]:
         if not len(values):
             raise InvalidInput(f"{where}: no fp32_contents and no raw_input_contents")
         raise InvalidInput(
@@ -251,12 +261,12 @@ def _typed_values(contents: pb.InferTensorContents, where: str, shape: list[int]
     return np.array(values, dtype=np.float32)
 
 
-def _raw_values(data: bytes, where: str, shape: list[int]) -> np.ndarray:
-    """An FP32 input's raw bytes as float32, read in place; their size checked against ``shape``'s (where
-    it is one v2's checks can take: two dimensions, none negative), in bytes."""
+def _raw_values(data: bytes, where: str, shape: list[int], *, checked: bool) -> np.ndarray:
+    """An FP32 input's raw bytes as float32, read in place; their size checked against ``shape``'s, in
+    bytes, where ``checked`` (:func:`_counted_here`)."""
     if len(data) % 4:
         raise InvalidInput(f"{where} is {len(data)} bytes, not a whole number of FP32 values")
-    if len(shape) == 2 and min(shape) >= 0 and len(data) != 4 * shape[0] * shape[1]:
+    if checked and len(data) != 4 * shape[0] * shape[1]:
         raise InvalidInput(f"{where} is {len(data)} bytes; {shape} FP32 takes {4 * shape[0] * shape[1]}")
     return np.frombuffer(data, dtype="<f4")
 

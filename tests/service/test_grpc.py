@@ -476,6 +476,28 @@ def test_a_malformed_message_is_invalid_argument(service, body, message):
     assert message in refused.value.details()
 
 
+@pytest.mark.parametrize("rows", [1001, 2**62])
+@pytest.mark.parametrize("typed", [False, True])
+def test_more_rows_than_a_request_takes_are_refused_as_over_rest_whatever_the_data(service, rows, typed):
+    """A shape of more rows than DBF_MAX_SAMPLES is a 413 over REST whatever the data sent; over gRPC the
+    data's size was checked first (INVALID_ARGUMENT: "raw_input_contents[0] is 24 bytes; [4611686018427387904,
+    6] FP32 takes 110680464442257309696"): the same mistake, another answer."""
+    url, address = service
+    header = {"inputs": [{"name": "mor", "datatype": "FP32", "shape": [rows, 6]}]}
+    header["inputs"][0]["parameters"] = {"binary_data_size": 24}
+    head = json.dumps(header).encode()
+    sent = {"content-type": v2.BINARY_MEDIA_TYPE, v2.HEADER_LENGTH: str(len(head))}
+    answer = httpx.post(url + "/v2/models/handwritten/infer", content=head + b"\0" * 24, headers=sent)
+    assert answer.status_code == 413, answer.text
+    request = pb.ModelInferRequest(model_name="handwritten", raw_input_contents=[] if typed else [b"\0" * 24])
+    tensor = request.inputs.add(name="mor", datatype="FP32", shape=[rows, 6])
+    if typed:
+        tensor.contents.fp32_contents.extend([0.5] * 6)
+    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
+        infer_stub(channel, serializer=None)(request.SerializeToString(), timeout=30)
+    assert (refused.value.code().name, refused.value.details()) == (CODES[413], answer.json()["error"])
+
+
 @pytest.mark.parametrize(
     ("method", "said"),
     [
