@@ -27,7 +27,9 @@ connection:
   connection is dropped (the one that has held its answer longest, for the second), answer and all;
 - **upgrades**: a request asking to Upgrade (to a websocket, h2c) or a CONNECT is answered as plain HTTP/1.1
   and its connection then closed (the parser reads nothing after it; one with a body is refused, 400); a
-  head the parser refuses is answered in the service's words, never with the name of a failed callback;
+  head the parser refuses is answered in the service's words, never with the name of a failed callback,
+  and so is one the parser takes but HTTP/1.1 does not (a version other than 1.0 and 1.1, HTTP/1.1 without
+  ``Host``: 400);
 
 and :class:`ConnectionAnswers` (ASGI, around the app) two answers uvicorn gets wrong:
 
@@ -42,7 +44,8 @@ and :class:`ConnectionAnswers` (ASGI, around the app) two answers uvicorn gets w
 - a request still running when the graceful-shutdown period ends (a slow upload, say) is answered 503
   ``shutting_down`` in the service's error format, not uvicorn's text/plain 500.
 
-Refusals are in the one error format (:mod:`service.errors`) and counted in ``dbf_errors_total``.
+Refusals are in the error format of the route asked for, as far as the request target has arrived
+(:mod:`service.api.errors`), and counted in ``dbf_errors_total``.
 
 Several workers run under :class:`WorkerSupervisor`, uvicorn's supervisor, which also stops counting the
 live gauges of a worker that has ended (``dbf_open_connections``: a killed worker's connections).

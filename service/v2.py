@@ -52,6 +52,8 @@ JSON_MEDIA_TYPE = "application/json"
 _DECODER = msgspec.json.Decoder(InferRequest)
 _FLAT = msgspec.json.Decoder(list[float])  # the usual JSON tensor: flat, as tritonclient and kserve send it
 _NESTED = msgspec.json.Decoder(list[list[float]])  # nested as its [N, dim] shape
+# UTF-8's, before a JSON text: RFC 8259 lets a parser ignore it, and v1's does (simdjson)
+_BYTE_ORDER_MARK = b"\xef\xbb\xbf"
 # msgspec's words for a number beyond float64, and where: `$[3]`, `$[0][2]`
 _OUT_OF_RANGE = re.compile(r"Number out of range - at `\$(.*)`")
 # From this size a JSON body is read by simdjson (_read_fast): below it, its setup and the Python around it
@@ -95,6 +97,7 @@ def decode(
     """A v2 request (JSON, or a JSON header plus binary tensors) -> the request; errors name the input."""
     length = header_length(headers.get(HEADER_LENGTH), len(body))
     header, binary = (body, b"") if length is None else (body[:length], body[length:])
+    header = header.removeprefix(_BYTE_ORDER_MARK)
     brackets = check_json_text(header, signature, max_samples=max_samples)  # before any parser reads it
     # A JSON body, tensors and all: simdjson reads its data straight into doubles (flat: {input: values}).
     # A binary request's header, a small body, or anything the fast reader declines: msgspec, which words
