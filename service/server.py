@@ -29,7 +29,7 @@ connection:
   and its connection then closed (the parser reads nothing after it; one with a body is refused, 400); a
   head the parser refuses is answered in the service's words, never with the name of a failed callback,
   and so is one the parser takes but HTTP/1.1 does not (a version other than 1.0 and 1.1, HTTP/1.1 without
-  ``Host``: 400);
+  ``Host``: 400); a refused head is answered after the requests pipelined before it, in order;
 
 and :class:`ConnectionAnswers` (ASGI, around the app) two answers uvicorn gets wrong:
 
@@ -250,6 +250,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.chunk_len = 0  # this chunk's, if the head began with it (else more than the limit: count)
         self.refusal: tuple[int, str, str] | None = None
         self.drain_left: int | None = None  # bytes still taken of an answered request's body (None: none)
+        self.refused_in_turn: tuple[int, str, str] | None = None  # once the requests before it are answered
         # While asyncio holds bytes of answers for the client: the next check that it takes them, and how
         # many were held at the last (or since the last answer's end).
         self.send_check: asyncio.TimerHandle | None = None
@@ -298,7 +299,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         except httptools.HttpParserUpgrade:
             pass  # it stops after an upgrade request, answered as plain HTTP (on_headers_complete)
         except httptools.HttpParserError as error:
-            self._refuse(*(self.refusal or _malformed(error)))
+            self._refuse_in_turn(self.refusal or _malformed(error))
             return
         if self.drain_left is not None:  # the rest of a body answered early: taken only within limits
             self.drain_left -= len(data)
@@ -313,7 +314,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.head_fed += len(data)
         refusal = self._too_large()
         if refusal is not None:
-            self._refuse(*refusal)
+            self._refuse_in_turn(refusal)
             return
         if self.deadline is None:  # a deadline from the head's first chunk, however it trickles in
             self.deadline = self.loop.call_later(self.limits.header_timeout, self._head_timed_out)
@@ -378,6 +379,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._hold_unsent(new_answer=True)
         if self.transport.is_closing():  # Connection: close (a body too large to read, see ConnectionAnswers)
             return
+        if self.refused_in_turn is not None and self.cycle.response_complete:  # none pipelined left
+            self._refuse(*self.refused_in_turn)
+            return
         if not self.cycle.response_complete:  # a pipelined request, all in, has just been started
             self.book.move(self, "answering")
         elif body_unread:
@@ -433,6 +437,16 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 f"request head over {limits.max_header_bytes} bytes (DBF_MAX_HEADER_BYTES)",
             )
         return None
+
+    def _refuse_in_turn(self, refusal: tuple[int, str, str]) -> None:
+        """Refuse a head (:meth:`_refuse`) once the requests before it on this connection are answered, in
+        order (RFC 9112, 9.3.2): a valid request pipelined before a malformed one, in the same read, went
+        unanswered. Nothing more is read meanwhile (the parser, having failed, can read no more)."""
+        if self.cycle is None or (self.cycle.response_complete and not self.pipeline):
+            self._refuse(*refusal)
+            return
+        self.refused_in_turn = refusal
+        self.transport.pause_reading()  # not uvicorn's flow control, which resumes after each answer
 
     def _refuse(self, status: int, reason: str, message: str) -> None:
         """Answer ``status`` in the error format and close: the rest of what the client sends is not read."""

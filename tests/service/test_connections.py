@@ -13,6 +13,7 @@ import json
 import math
 import multiprocessing
 import os
+import re
 import resource
 import signal
 import socket
@@ -387,6 +388,28 @@ def test_a_head_refused_by_the_server_is_answered_in_the_format_of_the_route_ask
         status, _, error = error_of(raw(b"GET /v2/health/ready HTTP/2.0\r\nHost: x\r\n\r\n"))
         assert status == 400 and "HTTP/2.0 is not served here" in error
         assert raw(b"GET /health HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.1 200 ")  # Host is 1.1's
+
+
+def test_requests_pipelined_before_a_malformed_one_are_answered_first():
+    """A valid request sent in the same read as a malformed one after it went unanswered: the 400 closed
+    the connection first. RFC 9112 (9.3.2): answered in order, then the 400, then closed. So for a POST
+    without Content-Length whose body follows at once (its body is taken for the next request)."""
+    health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    cases = {
+        health + b"GARBAGE\r\n\r\n": [200, 400],
+        health * 2 + b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n": [
+            200,
+            200,
+            400,
+        ],
+        b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\r\n{}": [400, 400],
+    }
+    with running_service("--model-dir", HANDWRITTEN) as url:
+        for sent, statuses in cases.items():
+            with socket.create_connection(address(url), timeout=10) as conn:
+                conn.sendall(sent)
+                answers = read_answer(conn)
+            assert [int(s) for s in re.findall(rb"HTTP/1\.1 (\d{3}) ", answers)] == statuses, answers
 
 
 def test_a_body_framed_two_ways_or_in_a_coding_not_undone_is_refused():

@@ -12,6 +12,7 @@ behaviour tests (tests/service/test_connections.py, test_hardening.py, test_metr
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import importlib.metadata
 import inspect
@@ -149,6 +150,10 @@ class Recorder(HttpToolsProtocol):
         headers = self.server_state.default_headers
         self.note("connection_made", "server_state.default_headers", _byte_pairs(headers))
         self.note("connection_made", "parser", isinstance(self.parser, httptools.HttpRequestParser))
+        # requests read and waiting for the one being answered (empty until one is pipelined)
+        self.note(
+            "connection_made", "pipeline", isinstance(self.pipeline, collections.deque) and not self.pipeline
+        )
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -228,6 +233,7 @@ def test_uvicorn_protocol_attributes_that_guarded_protocol_reads():
         ("connection_made", "server_state"),
         ("connection_made", "server_state.default_headers"),
         ("connection_made", "parser"),
+        ("connection_made", "pipeline"),
         ("on_message_begin", "cycle"),
         ("on_headers_complete", "url"),
         ("on_headers_complete", "headers"),
