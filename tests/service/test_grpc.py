@@ -901,7 +901,15 @@ def test_a_call_that_outlives_the_servers_stop_is_counted_as_cut_by_the_shutdown
             await context.read()
             return b""
 
-        handler = grpc.stream_unary_rpc_method_handler(_answering(waits_then_reads, stopping=stopping))
+        answering, answered = _answering(waits_then_reads, stopping=stopping), asyncio.Event()
+
+        async def counted(requests: Any, context: grpc.aio.ServicerContext) -> bytes:
+            try:
+                return await answering(requests, context)
+            finally:
+                answered.set()  # counted, or not: the call ends at the stop, maybe before its handler
+
+        handler = grpc.stream_unary_rpc_method_handler(counted)
         server = grpc.aio.server()
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("t.S", {"M": handler}),))
         port = server.add_insecure_port("127.0.0.1:0")
@@ -923,6 +931,7 @@ def test_a_call_that_outlives_the_servers_stop_is_counted_as_cut_by_the_shutdown
                 code = grpc.StatusCode.OK
             except grpc.aio.AioRpcError as error:
                 code = error.code()
+        await asyncio.wait_for(answered.wait(), timeout=30)
         return code, _errors("shutting_down") - cut, _errors("internal_error") - bugs
 
     code, cut, bugs = asyncio.run(scenario())
