@@ -27,18 +27,14 @@ $(VENV)/.onnxruntime-$(ORT): | $(BIN)/python
 	rm -f $(VENV)/.onnxruntime-*
 	touch $@
 
-# --no-compile: pip would byte-compile every file it installs, most never imported (more than half of the
-# install's time); Python compiles those it imports, once, as it first imports them.
-PIP_INSTALL := $(BIN)/python -m pip install --quiet --no-compile -c constraints.txt
-
 # The service's dependencies only: serving never needs torch.
 $(VENV)/.installed-serve: pyproject.toml constraints.txt $(VENV)/.onnxruntime-$(ORT) | $(BIN)/python
-	$(PIP_INSTALL) -e '.[$(ORT)]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[$(ORT)]'
 	touch $@
 
 # Everything: training (torch) and the development tools.
 $(VENV)/.installed-dev: pyproject.toml constraints.txt $(VENV)/.onnxruntime-$(ORT) | $(BIN)/python
-	$(PIP_INSTALL) -e '.[train,dev,$(ORT)]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[train,dev,$(ORT)]'
 	touch $@ $(VENV)/.installed-serve
 
 serve: $(VENV)/.installed-serve
