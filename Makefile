@@ -40,8 +40,12 @@ $(VENV)/.installed-dev: pyproject.toml constraints.txt $(VENV)/.onnxruntime-$(OR
 serve: $(VENV)/.installed-serve
 	$(BIN)/python -m service $(ARGS)
 
+# The suite in two processes (pytest-xdist), each test file whole in one of them: many tests wait on servers,
+# Prometheus or Docker, and the other process runs meanwhile. `make test PYTEST_PROCESSES=0` runs it in one.
+PYTEST_PROCESSES ?= 2
+
 test: lint
-	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	$(BIN)/python -m pytest -n $(PYTEST_PROCESSES) --dist loadfile $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: treating that as a failure" >&2; exit 1; fi; exit $$rc
 
 lint: $(VENV)/.installed-dev
