@@ -349,10 +349,15 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 "a request asking to Upgrade cannot carry a body here: send it without the Upgrade header",
             )
             raise _Refused
-        fault = _head_fault(self.parser.get_http_version(), self.headers)
+        version = self.parser.get_http_version()
+        fault = _head_fault(version, self.headers)
         if fault is not None:
             self.refusal = fault
             raise _Refused
+        if version == "1.0":
+            # RFC 9110, 10.1.1: a server MUST ignore an HTTP/1.0 request's 100-continue expectation (its
+            # client need not read an interim answer); uvicorn would write one when the body is first read.
+            self.expect_100_continue = False
         self._cancel_deadline()
         self.head_open = self.head_started = False
         super().on_headers_complete()

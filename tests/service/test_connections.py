@@ -412,6 +412,23 @@ def test_requests_pipelined_before_a_malformed_one_are_answered_first():
             assert [int(s) for s in re.findall(rb"HTTP/1\.1 (\d{3}) ", answers)] == statuses, answers
 
 
+def test_only_an_http_1_1_client_expecting_100_continue_gets_a_100():
+    """RFC 9110 (10.1.1): a server MUST ignore a 100-continue expectation in an HTTP/1.0 request, whose
+    client need not read an interim answer; uvicorn wrote "HTTP/1.1 100 Continue" before the answer. An
+    HTTP/1.1 client still gets its 100, then the answer."""
+    body = json.dumps({"samples": random_samples(1)}).encode()
+    with running_service("--model-dir", HANDWRITTEN) as url:
+        for version, statuses in ((b"1.0", [200]), (b"1.1", [100, 200])):
+            with socket.create_connection(address(url), timeout=10) as conn:
+                conn.sendall(
+                    b"POST /predict HTTP/%s\r\nHost: x\r\nContent-Type: application/json\r\n" % version
+                    + b"Expect: 100-continue\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(body)
+                    + body
+                )
+                answer = read_answer(conn)
+            assert [int(s) for s in re.findall(rb"HTTP/1\.1 (\d{3}) ", answer)] == statuses, (version, answer)
+
+
 def test_a_body_framed_two_ways_or_in_a_coding_not_undone_is_refused():
     """A header that says how to read the body, or Host, given twice (a proxy taking the other value would
     read another request, or route it elsewhere), and a transfer coding besides chunked (llhttp undid the

@@ -162,6 +162,9 @@ class Recorder(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self.note("on_headers_complete", "url", self.url == b"/contract?x=1")
         self.note("on_headers_complete", "headers", _byte_pairs(self.headers) and len(self.headers) == 3)
+        # set by on_header for an Expect: 100-continue (none here), read by on_headers_complete: the guarded
+        # protocol clears it for an HTTP/1.0 request
+        self.note("on_headers_complete", "expect_100_continue", self.expect_100_continue is False)
         super().on_headers_complete()
         cycle = self.cycle
         self.note("on_headers_complete", "cycle.keep_alive", cycle.keep_alive is True)
@@ -237,6 +240,7 @@ def test_uvicorn_protocol_attributes_that_guarded_protocol_reads():
         ("on_message_begin", "cycle"),
         ("on_headers_complete", "url"),
         ("on_headers_complete", "headers"),
+        ("on_headers_complete", "expect_100_continue"),
         ("on_headers_complete", "cycle.keep_alive"),
         ("on_headers_complete", "cycle.response_complete"),
         ("on_headers_complete", "cycle.more_body"),
