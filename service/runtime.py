@@ -93,11 +93,14 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
     )
     if model.agreeing_views is not None and (rows := model.agreement.rows(n)) is not None:
         _record_agreement(model, opinions, mask, rows)
-    label = fused.probability.argmax(-1)
+    # The projected probability's argmax is the belief's (b + u / K adds the same to every class), taken on
+    # the belief: where a strong discount leaves beliefs of 1e-12 and an uncertainty of 1 in float32, every
+    # probability rounds to 1 / K, and its argmax was class 0 by the tie.
+    label = fused.belief.argmax(-1)
     if reference is not fused:
         # The calibrator's probability is that the model's own fusion's label is right: where the fusion asked
         # for answers another label, no calibrated probability of it being right exists.
-        confidence = np.where(reference.probability.argmax(-1) == label, confidence, np.float32(np.nan))
+        confidence = np.where(reference.belief.argmax(-1) == label, confidence, np.float32(np.nan))
     return Result(
         present=request.present,
         out_of_range=out_of_range,
