@@ -84,7 +84,10 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
     if calibration is not None:
         confidence = calibration.confidence(reference.belief, reference.uncertainty).astype(np.float32)
         coverage = calibration.default_coverage if request.coverage is None else request.coverage
-        sets = calibration.prediction_set(reference.probability, coverage=coverage)
+        # b + u / K in float64, as fit computed the calibration scores: in float32 a strongly discounted
+        # opinion's probabilities all round to 1 / K, and APS and RAPS would rank tied classes by index.
+        probability = calibration.projected_probability(reference.belief, reference.uncertainty)
+        sets = calibration.prediction_set(probability, coverage=coverage)
     else:
         confidence, coverage = np.full(n, np.nan, np.float32), None
         sets = np.zeros((n, k), dtype=bool)

@@ -3,6 +3,7 @@ model's coverage or one a request asks for, judged on the model's own fusion, co
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 
@@ -12,7 +13,11 @@ import pytest
 
 from calibration import CoverageError, conformal_rank
 from manifest import Manifest
+from service import runtime
 from service.client import Client
+from service.inference import InferenceRequest
+from service.repository import load_repository
+from service.settings import Settings
 from service.v2 import decode_response, encode_request
 from tests.service.conftest import MODELS, in_range_samples, serving
 from tests.service.test_service import HANDWRITTEN_DIMS, metric
@@ -183,3 +188,27 @@ def test_the_client_and_the_metrics_see_them(url):
     assert all(isinstance(p.prediction_set, list) and 0 <= p.confidence <= 1 for p in result.predictions)
     assert metric(url, "dbf_prediction_set_size_count", model="handwritten") == before + 4
     assert metric(url, "dbf_confidence_count", model="handwritten") == confident + 4
+
+
+def test_prediction_sets_rank_classes_by_belief_where_float32_probabilities_tie(monkeypatch):
+    """A strongly discounted fusion leaves beliefs of 1e-9 and an uncertainty that rounds to 1 in float32,
+    where every projected probability rounds to 1 / K. The sets were built from those float32 ties, so that
+    HandWritten's RAPS ranked the classes by index, and a set held class 0 instead of the class the model
+    believes most (its label). fit computes the calibration scores from belief and uncertainty in float64."""
+    model = load_repository(Settings(model_dir=MODELS / "handwritten", device="cpu")).get()
+    fuse = runtime.fuse
+
+    def swamped(opinions, method, **options):  # the same beliefs' order, scaled far below the uncertainty
+        fused = fuse(opinions, method, **options)
+        belief = (fused.belief * np.float32(1e-9)).astype(np.float32)
+        return dataclasses.replace(fused, belief=belief, uncertainty=1 - belief.sum(-1))
+
+    monkeypatch.setattr(runtime, "fuse", swamped)
+    rng = np.random.default_rng(0)
+    views = {view.name: rng.random((64, view.dim), dtype=np.float32) for view in model.manifest.views}
+    result = runtime.predict(
+        model, InferenceRequest(views, np.ones((64, len(views)), dtype=bool), "dbf", 1.0)
+    )
+    assert (result.uncertainty == 1).all() and (result.probability == np.float32(0.1)).all()  # all tied
+    assert len(set(result.label.tolist())) > 1
+    assert result.prediction_set[np.arange(64), result.label].all()
