@@ -137,7 +137,7 @@ def _blamed(result: Result) -> np.ndarray:
 def _blamed_name(result: Result, signature: ModelSignature) -> list[str | None]:
     names = signature.view_names
     flags, blamed = result.high_conflict.tolist(), result.blamed_view.tolist()
-    return [names[v] if flagged else None for v, flagged in zip(blamed, flags, strict=True)]
+    return [names[v] if flagged and v >= 0 else None for v, flagged in zip(blamed, flags, strict=True)]
 
 
 def _if_calibrated(
@@ -218,7 +218,9 @@ OUTPUTS: tuple[Output, ...] = (
     Output(
         "blamed_view",
         "where flagged, the view most to blame: the one furthest out of its training range if any is, else "
-        "the one in most conflict with the others (v1: its name, v2: its index); else null (v2: -1)",
+        "the one in most conflict with the others (v1: its name, v2: its index); else null (v2: -1), and "
+        "so where fewer than two views were fused (nothing conflicts: a flag on the fused uncertainty "
+        "raised by views not sent)",
         Tensor("INT64", _scalar, _blamed),
         Field(str | None, _blamed_name),
     ),

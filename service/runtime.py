@@ -139,8 +139,10 @@ def _blamed_views(
     """The view most to blame in each sample (N,): the one furthest outside its training range where any view
     is (the sample's most certain fault: its head's certainty means nothing there, and the views left may
     agree perfectly, as when one alone is left); else the fused view in most conflict with the others (for
-    DBF, the most discounted); view 0 where none was sent."""
+    DBF, the most discounted); -1 (none) where fewer than two views were fused: nothing conflicts there,
+    and a flag on the fused uncertainty raised by the views not sent is no fault of the one that was."""
     in_most_conflict = np.where(fused_views, conflict.sum(-1), -1.0).argmax(-1)
+    in_most_conflict[fused_views.sum(-1) < 2] = -1
     if not out_of_range.any():
         return in_most_conflict
     furthest = np.where(out_of_range, excess, -1.0).argmax(-1)  # NaN (a NaN feature) counts as most
@@ -171,8 +173,9 @@ def _record(
             if count:
                 view_children.out_of_range.inc(count)
     if flagged.any():
-        blamed = np.bincount(blame[flagged], minlength=len(children.views)).tolist()
-        children.high_conflict.inc(sum(blamed))
+        children.high_conflict.inc(int(flagged.sum()))
+        blamed = blame[flagged]
+        blamed = np.bincount(blamed[blamed >= 0], minlength=len(children.views)).tolist()
         for view_children, count in zip(children.views, blamed, strict=True):
             if count:
                 view_children.flagged.inc(count)

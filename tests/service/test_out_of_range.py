@@ -14,7 +14,7 @@ import pytest
 
 from manifest import Manifest
 from service.v2 import decode_response, encode_request
-from tests.service.conftest import MODELS, serving
+from tests.service.conftest import MODELS, in_range_samples, serving
 from tests.service.test_service import metric
 from training.protocol import stratified_split
 from training.readers import load
@@ -83,6 +83,32 @@ def test_a_view_out_of_range_is_blamed_before_the_views_left_in(url, data_dir):
     flagged = answer["high_conflict"]
     assert flagged.mean() > 0.5, flagged.mean()
     assert (answer["blamed_view"][flagged] == 0).all(), answer["blamed_view"]
+
+
+def test_a_flag_raised_with_one_view_fused_blames_none(url):
+    """CUB's flag scores uncertainty: a sample whose `image` view is not sent raises it from `text` alone
+    (82% of 400 real CUB samples sent so, against 1.0% with both views: a probe, 2026-11-28), and `text`
+    was blamed for each, the fused view "in most conflict" where nothing can conflict with one view: the
+    alerts would have named the healthy modality beside DBFViewMissing for the one not sent. Where fewer
+    than two views are fused no view is blamed (v1 null, v2 -1); the flags are still counted."""
+    path = "/v1/models/cub/predict"
+    samples = in_range_samples(32, 0, model_dir=MODELS / "cub", views=["text"])
+    httpx.post(url + path, json={"samples": samples[:1]}, timeout=30).raise_for_status()  # the series exist
+    counted = {"model": "cub", "method": "dbf"}, {"model": "cub", "view": "text"}
+    before = (
+        metric(url, "dbf_high_conflict_total", **counted[0]),
+        metric(url, "dbf_flagged_by_view_total", **counted[1]),
+    )
+    answers = httpx.post(url + path, json={"samples": samples}, timeout=30).json()["predictions"]
+    flagged = sum(p["high_conflict"] for p in answers)
+    assert flagged > 0 and all(p["blamed_view"] is None for p in answers)
+    assert metric(url, "dbf_high_conflict_total", **counted[0]) == before[0] + flagged
+    assert metric(url, "dbf_flagged_by_view_total", **counted[1]) == before[1]
+    text = np.array([s["views"]["text"] for s in samples], np.float32)
+    body, headers = encode_request({"text": text})
+    response = httpx.post(f"{url}/v2/models/cub/infer", content=body, headers=headers, timeout=60)
+    tensors = decode_response(response.content, response.headers)
+    assert tensors["high_conflict"].sum() == flagged and (tensors["blamed_view"] == -1).all()
 
 
 def test_out_of_range_views_are_counted_in_the_metrics(url):
