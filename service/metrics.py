@@ -50,7 +50,10 @@ MAX_CONFLICT = Histogram(
     "dbf_max_conflict", "Largest pairwise degree of conflict per sample.", ["model", "method"], buckets=_UNIT
 )
 VIEW_DISCOUNT = Histogram(
-    "dbf_view_discount", "DBF discount factor per present view and sample.", ["model", "view"], buckets=_UNIT
+    "dbf_view_discount",
+    "DBF discount factor per present view and sample, of requests fused with DBF.",
+    ["model", "view"],
+    buckets=_UNIT,
 )
 CONFIDENCE = Histogram(
     "dbf_confidence",

@@ -160,9 +160,10 @@ def _record(
     children.predictions.inc(len(flagged))
     # The histograms of values in [0, 1] (one set of buckets) in one pass.
     unit, values = [children.uncertainty, children.max_conflict], [fused.uncertainty, max_conflict]
-    for v, view_children in enumerate(children.views):
-        unit.append(view_children.discount)
-        values.append(fused.discount[:, v] if complete else fused.discount[fused_views[:, v], v])
+    if request.method == "dbf":  # the other methods discount nothing: their 1s would dilute DBF's mean
+        for v, view_children in enumerate(children.views):
+            unit.append(view_children.discount)
+            values.append(fused.discount[:, v] if complete else fused.discount[fused_views[:, v], v])
     if model.calibration is not None:
         unit.append(children.confidence)
         values.append(confidence)

@@ -150,6 +150,17 @@ def test_the_label_is_the_fused_beliefs_most_believed_class_where_uncertainty_sw
     np.testing.assert_array_equal(tensors["label"], labels)
 
 
+def test_only_dbf_discounts_are_counted_as_discounts(url):
+    """dbf_view_discount is DBF's discount per view: the other methods' answers say 1 for every view (they
+    discount nothing), and counting those 1s pulled the dashboard's mean discount per view towards 1."""
+    count = {"model": "handwritten", "view": "pix"}
+    post(url, {"samples": [zeros_sample(pix=240)]}).raise_for_status()  # the series exist
+    before = metric(url, "dbf_view_discount_count", **count)
+    for method in METHODS:
+        assert post(url, {"samples": [zeros_sample(pix=240)] * 3, "method": method}).status_code == 200
+    assert metric(url, "dbf_view_discount_count", **count) == before + 3
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_every_method(url, method):
     out = post(url, {"samples": [zeros_sample(), zeros_sample(pix=240)], "method": method, "lambda": 2.0})
