@@ -474,6 +474,36 @@ def view_agreement(
     return rates or None
 
 
+def agreement_warnings(fitted: FusedSplit, test: FusedSplit, view_names: Sequence[str]) -> list[str]:
+    """Where a view's agreement with the others on the clean test samples lies below the rate the
+    ``DBFViewDisagreement`` alert fires at (:attr:`manifest.ViewAgreement.alert_below`, from the samples
+    fitted on), beyond chance (the upper end of its 95% interval below it): the served heads agree less than
+    those the threshold was measured on (fold models, underfitted ones), and the alert would fire on clean
+    traffic. Views with the same figures (two views agree or disagree together) share one note."""
+    rates = view_agreement(fitted, view_names) or {}
+    agreed, compared = agreeing_views(test)
+    groups: dict[tuple[int, int, float], list[str]] = {}
+    for v, name in enumerate(view_names):
+        if name not in rates:
+            continue
+        rate = Rate.of(agreed[compared[:, v], v])
+        if rate.total and rate.interval[1] < rates[name].alert_below:
+            groups.setdefault((rate.count, rate.total, rates[name].alert_below), []).append(f"`{name}`")
+    notes = []
+    for (count, total, below), names in groups.items():
+        rate = Rate(count, total)
+        low, high = rate.interval
+        who = names[0] if len(names) == 1 else ", ".join(names[:-1]) + f" and {names[-1]}"
+        notes.append(
+            f"{who} agreed with the other views on {rate.value:.1%} [{low:.1%}, {high:.1%}] of the {total} "
+            f"clean test samples, below the {below:.1%} the DBFViewDisagreement alert fires at (set on the "
+            "samples the calibrations were fitted on): the served heads agree less than those it was "
+            "measured on, and the alert would fire on clean traffic; train longer (--epochs, --max-minutes) "
+            "or fit more data, else leave the view out (--views) or silence that alert for this model"
+        )
+    return notes
+
+
 def _chance_agreement(split: FusedSplit, compared: np.ndarray) -> list[float]:
     """Per view, the agreement of a top class drawn independently of the other views' (as a view shuffled
     between samples has): the sum over classes of the view's share of top classes times the others', over
@@ -587,6 +617,11 @@ class PostHoc:
         coverage = self.section.conformal.default_coverage
         figures = evaluate_calibration(self.section, test, coverages=(coverage,)).figures(coverage)
         return self.section.model_copy(update={"test": figures})
+
+    def agreement_warnings(self, test: FusedSplit, view_names: Sequence[str]) -> list[str]:
+        """Views whose agreement on ``test`` lies below their alert's threshold
+        (:func:`agreement_warnings`)."""
+        return agreement_warnings(self.fitted, test, view_names)
 
     def flag_warnings(self, test: FusedSplit) -> list[str]:
         """Where the flag's rate on the clean test samples is far from its target: its 95% interval
@@ -733,6 +768,7 @@ __all__ = [
     "PostHoc",
     "SetFigures",
     "agreeing_views",
+    "agreement_warnings",
     "calibrate",
     "calibrate_flag",
     "check_calibration_splits",

@@ -1108,9 +1108,15 @@ def _class_labels(labels: Column, classes: Sequence[str] | None) -> tuple[np.nda
             duplicate = next(c for c in classes if classes.count(c) > 1)
             raise DataError(f"--classes names {duplicate!r} twice; class names are distinct")
     if values.dtype.kind in "iu":
+        unique, inverse = np.unique(values, return_inverse=True)
+        written = [str(value) for value in unique.tolist()]
         if classes is None:
-            unique, codes = np.unique(values, return_inverse=True)
-            classes = tuple(str(value) for value in unique.tolist())
+            codes, classes = inverse, tuple(written)
+        elif set(written) <= set(classes):
+            # The names are the labels' own values (0, 1, 2 listed as 2, 0, 1): each label is its class by
+            # name. Indexing would name a sample labelled 0 "2", a model answering every class as another.
+            index = {name: k for k, name in enumerate(classes)}
+            codes = np.array([index[name] for name in written], dtype=np.int64)[inverse]
         else:
             outside = (values < 0) | (values >= len(classes))
             if outside.any():

@@ -89,6 +89,7 @@ class FitReport:
         what the data cannot support."""
         folds = [] if self.cross_fitted is None else self.cross_fitted.warnings()
         flag = self.post_hoc.flag_warnings(self.test)
+        agreement = self.post_hoc.agreement_warnings(self.test, self.data.view_names)
         fused = self.comparison.warnings()
         return (
             self._still_improving()
@@ -96,6 +97,7 @@ class FitReport:
             + self._squeezed()
             + self.post_hoc.warnings()
             + flag
+            + agreement
             + confidence_warnings(self.calibration, noise=self.confidence_noise)
             + self._copies()
             + self._duplicated_views()

@@ -173,6 +173,34 @@ def test_labels_txt_is_read_as_integers_only_where_every_line_is_one_as_written(
     assert np.bincount(read.labels).tolist() == [20, 20, 20]
 
 
+@pytest.mark.parametrize("as_text", [False, True])
+def test_integer_labels_whose_own_values_classes_txt_lists_in_another_order_keep_their_names(
+    as_text, data, tmp_path
+):
+    """Labels 0, 1, 2 with classes.txt listing "2", "0", "1": the names are the labels' own values, so each
+    label is its class by name. Indexing classes.txt by them named every sample of class 0 "2", of 1 "0" and
+    of 2 "1": a model answering every class as another, with no error (a probe of the served answers)."""
+    codes = np.searchsorted(("cat", "dog", "eel"), np.load(data / "labels.npy"))
+    if as_text:
+        with_labels_txt(data, "\n".join(map(str, codes)) + "\n")
+    else:
+        np.save(data / "labels.npy", codes)
+    (data / "classes.txt").write_text("2\n0\n1\n")
+    read = load(data)
+    assert read.class_names == ("2", "0", "1")  # classes.txt's order
+    assert np.array(read.class_names)[read.labels].tolist() == [str(code) for code in codes]
+    if as_text:
+        return
+    (data / "classes.txt").unlink()  # --classes alike, through the whole fit to the card's rows
+    assert fit("--data", data, "--out", tmp_path / "model", "--classes", "1,2,0", *QUICK) == 0
+    assert read_manifest(tmp_path / "model").classes == ["1", "2", "0"]
+    card = (tmp_path / "model" / "card.md").read_text()
+    for k in range(3):
+        assert f"| {k} | {int(np.sum(codes == k))} |" in card
+    # Names that are not the labels' values are still indexed by them.
+    assert load(data, classes=["x", "y", "z"]).labels.tolist() == codes.tolist()
+
+
 def test_a_byte_order_mark_is_not_part_of_the_first_label_nor_class(data):
     labels = np.load(data / "labels.npy")
     with_labels_txt(data, b"\xef\xbb\xbf" + "\r\n".join(labels).encode() + b"\r\n")  # Windows' Notepad
