@@ -75,7 +75,7 @@ from manifest import (
 )
 from training.data import DataError, MultiViewData
 from training.metrics import Rate, auroc
-from training.protocol import SPLIT_FRACTIONS, EvaluationSets, smallest_class_for_validation
+from training.protocol import SPLIT_FRACTIONS, EvaluationSets, Samples, smallest_class_for_validation
 
 DEFAULT_COVERAGE = 0.9
 CALIBRATION_FOLDS = 5
@@ -706,7 +706,21 @@ def check_calibration_splits(data: MultiViewData, sets: EvaluationSets) -> None:
             raise DataError(
                 f"{source}: no {split} sample has two views or more; the high-conflict flag is {use} on "
                 "conflictive copies of them (one view replaced by another class's), so some need two views"
+                + _out_of_range_note(data, getattr(sets, split))
             )
+
+
+def _out_of_range_note(data: MultiViewData, samples: Samples) -> str:
+    """What a refusal adds where views of ``samples`` the data has are left out as out of range."""
+    if samples.present is None:
+        return ""
+    beyond = int((data.present[samples.rows] & ~samples.present).any(axis=1).sum())
+    if not beyond:
+        return ""
+    return (
+        f"; {beyond} of its {len(samples)} samples have a view far outside the training split's range, "
+        "fused as missing as the service fuses it: are the splits' features measured alike?"
+    )
 
 
 def supported_coverage(samples: int, *, folds: int = CALIBRATION_FOLDS) -> float:

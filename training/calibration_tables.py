@@ -112,7 +112,12 @@ def _splits(
     test split's clean samples with one view (drawn by ``seed``) left out."""
     data = read_registered(dataset_spec(manifest.dataset), data_dir)
     raw = dict(data.views)  # the ONNX heads scale inside: they take the raw features
-    sets = evaluation_sets(data, seed=int(manifest.training["seed"]), conflictive=("validation", "test"))
+    sets = evaluation_sets(
+        data,
+        seed=int(manifest.training["seed"]),
+        conflictive=("validation", "test"),
+        out_of_range_above=manifest.out_of_range.threshold,
+    )
     method, lam = manifest.fusion.method, manifest.fusion.lam
 
     def evidence(samples: Samples) -> np.ndarray:

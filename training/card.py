@@ -19,8 +19,10 @@ import numpy as np
 from manifest import CalibrationSamples, Manifest
 from training.architecture import Candidate, HeadChoice
 from training.calibrate import REPORT_COVERAGES, CalibrationReport, class_coverage, evaluate_calibration
+from training.data import MultiViewData
 from training.export import CARD_FIGURES
 from training.metrics import Rate, coverage_band
+from training.protocol import EvaluationSets
 from training.report import FitReport
 
 __all__ = ["SECTIONS", "Figure", "Section", "write_card"]
@@ -142,7 +144,7 @@ def _one_line(text: str) -> str:
 def data_summary(report: FitReport, manifest: Manifest) -> Section:
     data, sets = report.data, report.sets
     counts = np.bincount(data.labels, minlength=data.num_classes)
-    present = np.ones((data.num_samples, len(data.views)), bool) if sets.present is None else sets.present
+    present = data.present
     rows = [
         f"| `{view.name}` | {view.dim} | {int(present[:, v].sum())} | {_percent(1 - present[:, v].mean())} |"
         for v, view in enumerate(manifest.views)
@@ -166,7 +168,21 @@ def data_summary(report: FitReport, manifest: Manifest) -> Section:
             "conflictive copies are made of samples with two views or more "
             f"({len(sets.conflictive['test'])} of the {len(sets.test)} test samples).\n"
         )
-    return Section("Data", text)
+    return Section("Data", text + _out_of_range(data, sets, manifest))
+
+
+def _out_of_range(data: MultiViewData, sets: EvaluationSets, manifest: Manifest) -> str:
+    """The validation and test views left out as far outside their training range, if any."""
+    left_out = data.present & ~(data.present if sets.present is None else sets.present)
+    if not left_out.any():
+        return ""
+    per_view = zip(manifest.views, left_out.sum(axis=0).tolist(), strict=True)
+    counts = ", ".join(f"`{view.name}` {count}" for view, count in per_view if count)
+    return (
+        f"\n{int(left_out.sum())} views of validation and test samples lie far outside their training range "
+        f"(range excess above {manifest.out_of_range.threshold:g}: {counts}). As the service does, the fused "
+        "model and each view's head are measured without them below (the logistic regression sees them).\n"
+    )
 
 
 def accuracy_table(report: FitReport, manifest: Manifest) -> Section:

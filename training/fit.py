@@ -3,7 +3,8 @@
 1. read and check: the caller's (:mod:`training.readers`); here, the model's name and the flag's target;
 2. split and scale (:func:`training.protocol.evaluation_sets`, the ``heldout`` protocol): stratified train /
    validation / test split (or the data's split column), scaling fitted on the training split, conflictive
-   copies of the validation and test splits;
+   copies of the validation and test splits; a validation or test view far outside the training range is
+   missing from there on, as the service fuses it;
 3. train one evidential head per view with the paper's loss and the model's fusion
    (:func:`training.train.train_members`), on the rows that have each view; with several candidate
    architectures, each is trained and the one kept that :func:`training.architecture.choose_heads` picks;
@@ -39,7 +40,7 @@ import numpy as np
 import torch
 
 from fusion import fuse, opinion_from_evidence
-from manifest import NAME_PATTERN, Manifest, Metrics
+from manifest import NAME_PATTERN, Manifest, Metrics, OutOfRange
 from training.architecture import HeadChoice, Outvoted, choose_heads, unless_outvoted
 from training.baseline import Comparison, compare, fit_baseline
 from training.calibrate import FusedSplit, PostHoc, calibrate, check_calibration_splits
@@ -132,7 +133,13 @@ def fit(
     seconds: dict[str, float] = {}
     with _timed(seconds, "scaling"):
         raw = _parity_rows(data)  # before scaling: in place, the raw features are gone afterwards
-        sets = evaluation_sets(data, seed=seed, conflictive=("validation", "test"), in_place=in_place)
+        sets = evaluation_sets(
+            data,
+            seed=seed,
+            conflictive=("validation", "test"),
+            in_place=in_place,
+            out_of_range_above=OutOfRange().threshold,  # the manifest's: measured as it is served
+        )
     check_calibration_splits(data, sets)
     check_model_dir(out, data=_data_path(data))  # and again where it is replaced, once trained
     schedule = _Schedule.of(config, early_stopping=early_stopping, budget=budget, train_size=len(sets.train))

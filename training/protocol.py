@@ -243,6 +243,22 @@ class MinMaxScaler:
             scaled[name] = out
         return scaled
 
+    def range_excess(self, name: str, scaled: np.ndarray) -> np.ndarray:
+        """How far each row of view ``name``'s ``scaled`` features ((M, d_v), from :meth:`transform`) lies
+        outside the fitted range: the exported head's ``range_excess`` (:func:`training.export.head_to_onnx`),
+        the root mean square over the features that vary in the fitted data of each one's distance outside
+        [0, 1], in float64.
+
+        >>> scaler = MinMaxScaler.fit({"a": np.array([[0.0, 5.0], [2.0, 5.0]])})
+        >>> rows = scaler.transform({"a": np.array([[1.0, 9.0], [6.0, 5.0]])})["a"]
+        >>> scaler.range_excess("a", rows).tolist()
+        [0.0, 2.0]
+        """
+        varying = max(int(np.count_nonzero(self.maximum[name] > self.minimum[name])), 1)
+        block = np.asarray(scaled, dtype=np.float64)
+        outside = block - np.clip(block, 0.0, 1.0)
+        return np.sqrt(np.einsum("ij,ij->i", outside, outside) / varying)
+
 
 # -- conflictive copies --------------------------------------------------------------------------------------
 
@@ -510,6 +526,7 @@ def evaluation_sets(
     seed: int,
     conflictive: Sequence[str] = ("test",),
     in_place: bool = False,
+    out_of_range_above: float | None = None,
 ) -> EvaluationSets:
     """The sets of ``protocol`` for ``seed`` (see the module notes): the one place splits, scaling and
     conflictive copies are made.
@@ -526,6 +543,11 @@ def evaluation_sets(
     in_place : bool
         Scale ``data``'s own matrices instead of copies (for data too large to hold twice; ``data`` holds
         the scaled features afterwards).
+    out_of_range_above : float, optional
+        ``heldout`` only: a view of a validation or test sample whose range excess
+        (:meth:`MinMaxScaler.range_excess`) is above this is missing from there on, as the served model
+        fuses it (the manifest's ``out_of_range``), so that what a fit measures is what the service answers.
+        Its features stay as they are. None: every view the data has is present.
 
     Raises
     ------
@@ -557,6 +579,13 @@ def evaluation_sets(
     if present is not None:
         for v, matrix in enumerate(scaled.values()):
             matrix[~present[:, v]] = 0.0
+    if out_of_range_above is not None:
+        if protocol != "heldout":
+            raise ValueError(
+                "out_of_range_above is for the 'heldout' protocol: the paper's scales on every sample"
+            )
+        held_out = np.concatenate([validation, test])
+        present = _in_range(scaled, scaler, present, rows=held_out, above=out_of_range_above)
 
     def samples(rows: np.ndarray, **conflict: np.ndarray) -> Samples:
         mask = None if present is None else present[rows]
@@ -595,6 +624,35 @@ def evaluation_sets(
         conflictive=sets,
         everything=samples(np.arange(data.num_samples)),
     )
+
+
+def _in_range(
+    scaled: Mapping[str, np.ndarray],
+    scaler: MinMaxScaler,
+    present: np.ndarray | None,
+    *,
+    rows: np.ndarray,
+    above: float,
+) -> np.ndarray | None:
+    """``present`` ((N, V), None for all) without the views of ``rows`` whose range excess is above
+    ``above`` or not a number (the service's rule)."""
+    beyond = {}
+    for v, (name, matrix) in enumerate(scaled.items()):
+        step = _chunk_rows(matrix.shape[1])  # a chunk of rows at a time: the splits may be most of the data
+        beyond[v] = np.concatenate(
+            [
+                picked[~(scaler.range_excess(name, matrix[picked]) <= above)]
+                for picked in np.array_split(rows, range(step, rows.size, step))
+            ]
+        )
+    if not any(picked.size for picked in beyond.values()):
+        return present
+    kept = (
+        np.ones((len(next(iter(scaled.values()))), len(scaled)), bool) if present is None else present.copy()
+    )
+    for v, picked in beyond.items():
+        kept[picked, v] = False
+    return kept
 
 
 SQUEEZE = 0.01

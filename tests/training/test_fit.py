@@ -21,7 +21,7 @@ from manifest import CalibrationSamples, Manifest
 from tests.service.conftest import running_service
 from training import export as exporting
 from training.__main__ import main
-from training.export import exported_evidence
+from training.export import exported_evidence, exported_range_excess
 
 CLASSES = ("cat", "dog", "eel")
 DIMS = {"image": 5, "text": 3, "sensor": 4}
@@ -801,6 +801,50 @@ def test_a_fitted_model_is_served_after_a_reload_as_its_heads_and_fusion_answer(
             {name: float(discount[v]) for v, name in enumerate(order) if has[v]}, rel=1e-5, abs=1e-6
         )
     assert json.loads((repository / "pets" / "manifest.json").read_text())["classes"] == list(CLASSES)
+
+
+def _far_out_of_range(directory: Path, *, every: int) -> tuple[Path, dict[str, np.ndarray], np.ndarray]:
+    """Two classes, two views that each separate them, a split column; view ``image`` of every ``every``-th
+    test sample far out of its training range, along the other class's side: alone, that view would say the
+    wrong class, and loudly. The data's directory, its views, and the test rows."""
+    rng = np.random.default_rng(5)
+    labels = np.repeat([0, 1], 60)
+    means = {"image": 3 * rng.normal(size=(2, 4)), "text": 3 * rng.normal(size=(2, 3))}
+    views = {n: (m[labels] + rng.normal(size=(120, m.shape[1]))).astype(np.float32) for n, m in means.items()}
+    split = np.array((["train"] * 44 + ["validation"] * 6 + ["test"] * 10) * 2)
+    test = np.flatnonzero(split == "test")
+    far, image = test[::every], means["image"]
+    views["image"][far] = image[1 - labels[far]] + 30 * (image[1 - labels[far]] - image[labels[far]])
+    return write_npy(directory, views, np.array(["cat", "dog"])[labels], fold=split), views, test
+
+
+def test_the_card_measures_test_views_far_out_of_range_as_the_service_fuses_them(tmp_path):
+    """A view far outside its training range is fused as missing by the service; the card's accuracy is
+    the served model's, not that of a model fusing what the service leaves out."""
+    data, views, test = _far_out_of_range(tmp_path / "far", every=2)
+    out = tmp_path / "m"
+    assert fit("--data", data, "--out", out, "--split-column", "fold", *QUICK) == 0
+
+    features = {name: views[name][test] for name in ("image", "text")}
+    evidence, labels = exported_evidence(out, features), np.repeat([0, 1], 10)
+    in_range = exported_range_excess(out, features) <= read_manifest(out).out_of_range.threshold
+    assert in_range[:, 0].tolist() == [False, True] * 10 and in_range[:, 1].all()
+    served = fuse(opinion_from_evidence(evidence), "dbf", mask=in_range).belief.argmax(-1) == labels
+    fusing_all = fuse(opinion_from_evidence(evidence), "dbf").belief.argmax(-1) == labels
+    assert served.mean() != fusing_all.mean()  # the two rules tell apart on this data
+    assert read_manifest(out).metrics.acc_normal == pytest.approx(served.mean())
+    card = " ".join((out / "card.md").read_text().split())
+    assert "10 views of validation and test samples lie far outside their training range" in card
+    assert "(range excess above 0.2: `image` 10)" in card
+
+
+def test_a_test_split_whose_views_are_all_far_out_of_range_is_refused_saying_so(tmp_path, capsys):
+    data, _, _ = _far_out_of_range(tmp_path / "far", every=1)
+    assert fit("--data", data, "--out", tmp_path / "m", "--split-column", "fold", *QUICK) == 1
+    error = " ".join(capsys.readouterr().err.split())
+    assert "no test sample has two views or more" in error
+    assert "20 of its 20 samples have a view far outside the training split's range" in error
+    assert not (tmp_path / "m").exists()
 
 
 class _Scored:

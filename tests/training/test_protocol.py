@@ -101,6 +101,35 @@ def test_scaling_in_place_equals_scaling_a_copy():
             np.testing.assert_array_equal(a, b)
 
 
+def test_views_far_out_of_their_training_range_are_missing_in_the_held_out_splits():
+    """As the service fuses them (the manifest's ``out_of_range``): so that a fit measures what is served."""
+    data = synthetic(300, dims=(4, 3, 5), seed=4)
+    plain = evaluation_sets(data, seed=0, conflictive=("validation", "test"))
+    far = {name: matrix.copy() for name, matrix in data.views.items()}
+    victims = plain.test.rows[:5], plain.validation.rows[:2]
+    for rows in victims:
+        far["view_1"][rows] = 100.0  # every feature far above its training range
+    far["view_2"][plain.test.rows[5], 0] += 1e6  # one feature far out: its root mean square is too
+    nudged = plain.test.rows[6]
+    low, high = plain.scaler.minimum["view_0"], plain.scaler.maximum["view_0"]
+    far["view_0"][nudged] = high + 0.01 * (high - low)  # just outside: in range still
+    moved = MultiViewData(far, data.labels, data.class_names, name="far")
+
+    sets = evaluation_sets(moved, seed=0, conflictive=("validation", "test"), out_of_range_above=0.2)
+    expected = np.ones((data.num_samples, 3), bool)
+    expected[np.concatenate(victims), 1] = False
+    expected[plain.test.rows[5], 2] = False
+    np.testing.assert_array_equal(sets.present, expected)
+    assert sets.test.present[:5, 1].tolist() == [False] * 5 and sets.test.present[6].all()
+    for copy in sets.conflictive.values():  # a view left out is neither replaced nor given
+        assert expected[copy.rows, copy.replaced].all() and expected[copy.donors, copy.replaced].all()
+    as_sent = evaluation_sets(moved, seed=0).views["view_1"]
+    np.testing.assert_array_equal(sets.views["view_1"], as_sent)  # the features stay as they are
+    assert evaluation_sets(moved, seed=0).present is None  # only where asked
+    with pytest.raises(ValueError, match="heldout"):
+        evaluation_sets(data, protocol="paper", seed=0, out_of_range_above=0.2)
+
+
 def _with_missing(data: MultiViewData, *, seed: int) -> tuple[MultiViewData, np.ndarray]:
     """``data`` with a random view (of three) missing in 40% of the samples."""
     rng = np.random.default_rng(seed)
