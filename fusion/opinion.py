@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import array_api_compat
 import numpy as np
 
 from fusion._array import Array, as_floating, namespace, sum_last, sum_of_the_others
@@ -204,7 +205,7 @@ def agrees_with_the_others(views: Opinion, /, *, mask: Array | None = None, xp=N
     b = views.belief
     xp = namespace(b, views.uncertainty, xp=xp)
     if mask is None:  # every view fused: each beside the others, if there are others
-        compared = xp.full(b.shape[:-1], b.shape[-2] > 1, dtype=xp.bool)
+        compared = xp.full(b.shape[:-1], b.shape[-2] > 1, dtype=xp.bool, device=array_api_compat.device(b))
     else:
         fused = xp.astype(mask, xp.int32)
         compared = mask & (xp.sum(fused, axis=-1, keepdims=True) - fused > 0)

@@ -70,3 +70,13 @@ def test_small_views_beside_a_huge_one_keep_their_evidence(position):
     assert top_class_of_the_others(views).tolist() == [[1, 1, 1]]
     disagreeing = 1 if position == 0 else 0  # the view [1, 0]: its top class 0, the others' 1
     assert agrees_with_the_others(views)[0].tolist() == [[p != disagreeing for p in range(3)]]
+
+
+def test_every_view_fused_keeps_the_views_device():
+    """Without a mask, ``compared`` is built from nothing but the views' shape: it must still land on their
+    device, or a CUDA batch fails with a device mismatch ('meta' stands in for CUDA on a CPU machine)."""
+    torch = pytest.importorskip("torch")
+    views = opinion_from_evidence(torch.zeros((4, 3, 5), device="meta"))
+    agrees, compared = agrees_with_the_others(views)
+    assert agrees.device.type == compared.device.type == "meta"
+    assert tuple(agrees.shape) == tuple(compared.shape) == (4, 3)
