@@ -174,7 +174,7 @@ def _average(opinion: Opinion, mask: Array | None, xp) -> Opinion:
         return Opinion(
             belief=_weighted_views(w * inverse[..., None], b), uncertainty=u.shape[-1] * u_min * inverse
         )
-    some = total > 0
+    some = total != 0  # not 'total > 0': a NaN view must give NaN, not the vacuous no-view answer
     inverse = 1 / xp.where(some, total, xp.ones_like(total))
     count = sum_last(xp.astype(mask, u.dtype), xp)
     return Opinion(
@@ -203,7 +203,7 @@ def _dempster_pair(b1: Array, u1: Array, b2: Array, u2: Array, xp) -> tuple[Arra
     belief = b1 * b2 + b1 * u2[..., None] + b2 * u1[..., None]
     uncertainty = u1 * u2
     total = xp.sum(belief, axis=-1) + uncertainty  # = 1 - C
-    defined = total > 0
+    defined = total != 0  # not 'total > 0': a NaN view must give NaN, not the vacuous total-conflict answer
     safe = xp.where(defined, total, xp.ones_like(total))
     return (
         xp.where(defined[..., None], belief / safe[..., None], xp.zeros_like(belief)),

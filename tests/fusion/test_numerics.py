@@ -126,3 +126,16 @@ def test_any_leading_batch_shape(backend):
 def test_integer_evidence_is_promoted():
     out = fuse(opinion_from_evidence(np.array([[3, 0], [5, 0]])), "gbaf")
     assert out.belief.dtype == np.float64
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("with_mask", [False, True], ids=["no-mask", "mask"])
+def test_nan_in_a_present_view_propagates(backend, method, with_mask):
+    """A NaN in a view that is fused is an error upstream: every operator must pass it on as NaN, not read
+    it as total conflict (Dempster's undefined case) or as 'no view present' and answer vacuous."""
+    evidence = np.array([[[np.nan, 1.0, 0.0], [3.0, 1.0, 0.0], [1.0, 1.0, 1.0]]])
+    mask = backend(np.array([[True, True, False]])) if with_mask else None
+    out = fuse(opinion_from_evidence(backend(evidence)), method, mask=mask)
+    assert np.isnan(to_numpy(out.uncertainty)).all()
+    assert np.isnan(to_numpy(out.belief)).all()
