@@ -116,9 +116,9 @@ def evidence_from_opinion(opinion: Opinion, /, *, xp=None) -> Array:
     u = u[..., None]
     if xp is np and u.all():  # no dogmatic opinion (none comes from finite evidence): the plain ratio
         return k * b / u
-    positive = u > 0
-    finite = k * b / xp.where(positive, u, xp.ones_like(u))
-    return xp.where(positive, finite, xp.where(b > 0, xp.asarray(float("inf"), dtype=b.dtype), 0 * b))
+    dogmatic = u == 0  # not 'u <= 0' or '~(u > 0)': a NaN uncertainty gives NaN evidence, never infinite
+    finite = k * b / xp.where(dogmatic, xp.ones_like(u), u)
+    return xp.where(dogmatic, xp.where(b > 0, xp.asarray(float("inf"), dtype=b.dtype), 0 * b), finite)
 
 
 def projected_probability(opinion: Opinion, /, *, xp=None) -> Array:

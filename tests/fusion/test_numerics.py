@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fusion import METHODS, Opinion, fuse, opinion_from_evidence
+from fusion import METHODS, Opinion, evidence_from_opinion, fuse, opinion_from_evidence
 from fusion._array import pairwise_l1
 
 BACKENDS = [pytest.param(np.asarray, id="numpy"), pytest.param(torch.as_tensor, id="torch")]
@@ -139,3 +139,14 @@ def test_nan_in_a_present_view_propagates(backend, method, with_mask):
     out = fuse(opinion_from_evidence(backend(evidence)), method, mask=mask)
     assert np.isnan(to_numpy(out.uncertainty)).all()
     assert np.isnan(to_numpy(out.belief)).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("other_u", [0.3, 0.0], ids=["no-dogmatic", "a-dogmatic-row"])
+def test_nan_uncertainty_gives_nan_evidence_not_infinite(backend, other_u):
+    """Only ``u = 0`` is dogmatic (infinite evidence): a NaN uncertainty is no number, and its evidence NaN,
+    on both backends and whether or not another row is dogmatic (numpy's fast path is taken only if not)."""
+    opinion = Opinion(backend(np.array([[0.5, 0.2], [0.7, 0.0]])), backend(np.array([np.nan, other_u])))
+    evidence = to_numpy(evidence_from_opinion(opinion))
+    assert np.isnan(evidence[0]).all()
+    assert np.isfinite(evidence[1, 1]) and (evidence[1, 0] == np.inf) == (other_u == 0.0)
