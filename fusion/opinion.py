@@ -147,7 +147,7 @@ def top_class_of_the_others(views: Opinion, /, *, mask: Array | None = None, xp=
     views : Opinion
         Each view's opinion, belief (..., V, K) and uncertainty (..., V).
     mask : array of bool, shape (..., V), optional
-        The views fused (default: all).
+        The views fused (default: all); broadcast to the views' shape. TypeError if not boolean.
 
     Returns
     -------
@@ -163,6 +163,7 @@ def top_class_of_the_others(views: Opinion, /, *, mask: Array | None = None, xp=
     """
     b = views.belief
     xp = namespace(b, views.uncertainty, xp=xp)
+    mask = checked_mask(mask, views.uncertainty, xp=xp)
     evidence = evidence_from_opinion(views, xp=xp)
     if mask is not None:
         evidence = xp.where(mask[..., None], evidence, xp.zeros_like(evidence))
@@ -183,7 +184,7 @@ def agrees_with_the_others(views: Opinion, /, *, mask: Array | None = None, xp=N
     views : Opinion
         Each view's opinion, belief (..., V, K) and uncertainty (..., V).
     mask : array of bool, shape (..., V), optional
-        The views fused (default: all).
+        The views fused (default: all); broadcast to the views' shape. TypeError if not boolean.
 
     Returns
     -------
@@ -204,6 +205,7 @@ def agrees_with_the_others(views: Opinion, /, *, mask: Array | None = None, xp=N
     """
     b = views.belief
     xp = namespace(b, views.uncertainty, xp=xp)
+    mask = checked_mask(mask, views.uncertainty, xp=xp)  # boolean, the views' shape: 'compared' is too
     if mask is None:  # every view fused: each beside the others, if there are others
         compared = xp.full(b.shape[:-1], b.shape[-2] > 1, dtype=xp.bool, device=array_api_compat.device(b))
     else:
