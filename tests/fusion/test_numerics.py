@@ -130,6 +130,21 @@ def test_integer_evidence_is_promoted():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("method", METHODS)
+def test_integer_opinions_are_promoted(backend, method):
+    """Dogmatic one-hot opinions as integers (``torch.nn.functional.one_hot`` gives int64) fuse as their
+    float values do, on both backends (torch's matmul takes no integer-float mix), in the dtype integer
+    evidence takes."""
+    one_hot, dogmatic = np.array([[[1, 0, 0], [1, 0, 0]]]), np.zeros((1, 2), dtype=np.int64)
+    out = fuse(Opinion(backend(one_hot), backend(dogmatic)), method)
+    expected = fuse(Opinion(one_hot.astype(float), dogmatic.astype(float)), method)
+    promoted = opinion_from_evidence(backend(one_hot)).belief.dtype  # as integer evidence is
+    assert out.belief.dtype == out.uncertainty.dtype == promoted
+    np.testing.assert_array_equal(to_numpy(out.belief), expected.belief)
+    np.testing.assert_array_equal(to_numpy(out.uncertainty), expected.uncertainty)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("with_mask", [False, True], ids=["no-mask", "mask"])
 def test_nan_in_a_present_view_propagates(backend, method, with_mask):
     """A NaN in a view that is fused is an error upstream: every operator must pass it on as NaN, not read
