@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fusion import METHODS, Opinion, evidence_from_opinion, fuse, opinion_from_evidence
+from fusion import METHODS, Opinion, conflict_matrix, evidence_from_opinion, fuse, opinion_from_evidence
 from fusion._array import pairwise_l1
 
 BACKENDS = [pytest.param(np.asarray, id="numpy"), pytest.param(torch.as_tensor, id="torch")]
@@ -141,6 +141,13 @@ def test_integer_opinions_are_promoted(backend, method):
     assert out.belief.dtype == out.uncertainty.dtype == promoted
     np.testing.assert_array_equal(to_numpy(out.belief), expected.belief)
     np.testing.assert_array_equal(to_numpy(out.uncertainty), expected.uncertainty)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_conflict_matrix_of_integer_opinions(backend):
+    """Two dogmatic one-hot opinions on different classes, as integers: total conflict, on both backends."""
+    views = Opinion(backend(np.array([[[1, 0], [0, 1]]])), backend(np.zeros((1, 2), dtype=np.int64)))
+    assert to_numpy(conflict_matrix(views)).tolist() == [[[0.0, 1.0], [1.0, 0.0]]]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
