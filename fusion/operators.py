@@ -255,8 +255,10 @@ def _check(opinion: Opinion, mask: Array | None, xp):
     evidence is), and the checked mask; ValueError for shapes that are not (..., V, K) and (..., V)."""
     b, u = opinion.belief, opinion.uncertainty
     xp = namespace(b, u, xp=xp)
-    if b.ndim < 2 or b.shape[-2] == 0:
-        raise ValueError(f"belief must have shape (..., V, K) with V >= 1 views, got {tuple(b.shape)}")
+    if b.ndim < 2 or b.shape[-2] == 0 or b.shape[-1] == 0:
+        raise ValueError(
+            f"belief must have shape (..., V, K) with V >= 1 views and K >= 1 classes, got {tuple(b.shape)}"
+        )
     if tuple(u.shape) != tuple(b.shape[:-1]):
         raise ValueError(
             f"uncertainty must have shape {tuple(b.shape[:-1])} (belief's without K), got {tuple(u.shape)}"

@@ -89,6 +89,9 @@ def opinion_from_evidence(evidence: Array, /, *, xp=None) -> Opinion:
     ([[0.5, 0.16666666666666666], [0.0, 0.0]], [0.3333333333333333, 1.0])
     """
     xp = namespace(evidence, xp=xp)
+    if evidence.ndim == 0 or evidence.shape[-1] == 0:
+        shape = tuple(evidence.shape)
+        raise ValueError(f"evidence must have shape (..., K) with K >= 1 classes, got {shape}")
     evidence = as_floating(evidence, xp)
     k = evidence.shape[-1]
     inverse_strength = 1 / (sum_last(evidence, xp) + k)  # 1 / S, S = sum_k (e_k + 1)   (Eq. 2)
