@@ -17,7 +17,8 @@ def projected_distance(a: Opinion, b: Opinion, /, *, xp=None) -> Array:
     """``PD = sum_k |P^a_k - P^b_k| / 2`` in [0, 1] (Eq. 12); broadcasts over leading axes, shape (...)."""
     pa, pb = projected_probability(a), projected_probability(b)
     xp = namespace(pa, pb, xp=xp)
-    return xp.sum(xp.abs(pa - pb), axis=-1) / 2
+    # Projected probabilities sum to 1 only up to rounding: without the clip, an ulp above 1 in float32.
+    return xp.clip(xp.sum(xp.abs(pa - pb), axis=-1) / 2, 0, 1)
 
 
 def conjunctive_certainty(a: Opinion, b: Opinion, /) -> Array:
