@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import array_api_compat
 
-from fusion._array import Array, namespace, pairwise_l1
+from fusion._array import Array, as_floating, namespace, pairwise_l1
 from fusion.opinion import Opinion, checked_mask, projected_probability, vacuous_where_missing
 
 
@@ -17,7 +17,8 @@ def projected_distance(a: Opinion, b: Opinion, /, *, xp=None) -> Array:
     """``PD = sum_k |P^a_k - P^b_k| / 2`` in [0, 1] (Eq. 12); broadcasts over leading axes, shape (...)."""
     pa, pb = projected_probability(a), projected_probability(b)
     xp = namespace(pa, pb, xp=xp)
-    return xp.sum(xp.abs(pa - pb), axis=-1) / 2
+    # Projected probabilities sum to 1 only up to rounding: without the clip, an ulp above 1 in float32.
+    return xp.clip(xp.sum(xp.abs(pa - pb), axis=-1) / 2, 0, 1)
 
 
 def conjunctive_certainty(a: Opinion, b: Opinion, /) -> Array:
@@ -68,7 +69,7 @@ def conflict_matrix(opinion: Opinion, /, *, mask: Array | None = None, xp=None) 
     opinion = vacuous_where_missing(opinion, checked_mask(mask, opinion.uncertainty, xp=xp), xp=xp)
     p = projected_probability(opinion)
     xp = namespace(p, xp=xp)
-    certainty = 1 - opinion.uncertainty
+    certainty = 1 - as_floating(opinion.uncertainty, xp)  # torch's matmul takes no integer-float mix
     # CC for every pair as an outer product (a matmul: no slow broadcast over the short V axis), with PD's
     # 1/2 folded in: C_ij = (sum_k |p^i_k - p^j_k|) x (1 - u^i)(1 - u^j) / 2   (Eq. 12)
     half_certainty = certainty[..., :, None] @ (certainty / 2)[..., None, :]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from fusion._array import Array, namespace, sum_last
+from fusion._array import Array, as_floating, namespace, sum_last
 from fusion.conflict import checked_lambda, conflict_matrix, discount_factors
 from fusion.opinion import FusedOpinion, Opinion, checked_mask, discount, vacuous_where_missing
 
@@ -81,7 +81,7 @@ def fuse(
     if method not in _OPERATORS:
         raise ValueError(f"unknown fusion method {method!r}; expected one of {', '.join(METHODS)}")
     lam = checked_lambda(lam)
-    xp, mask = _check(opinion, mask, xp)
+    xp, opinion, mask = _check(opinion, mask, xp)
     opinion = vacuous_where_missing(opinion, mask, xp=xp)
     conflict = conflict_matrix(opinion, xp=xp)
     if method == "dbf":
@@ -103,7 +103,7 @@ def bcf(opinion: Opinion, /, *, mask: Array | None = None, xp=None) -> Opinion:
     At total conflict (``1 - C = 0``, e.g. two dogmatic opinions on disjoint classes) Dempster's rule is
     undefined; the pair then fuses to the vacuous opinion (belief 0, uncertainty 1): no usable information.
     """
-    xp, mask = _check(opinion, mask, xp)
+    xp, opinion, mask = _check(opinion, mask, xp)
     return _bcf(vacuous_where_missing(opinion, mask, xp=xp), mask, xp)
 
 
@@ -113,7 +113,7 @@ def cbf(opinion: Opinion, /, *, mask: Array | None = None, xp=None) -> Opinion:
     ``b = sum_v b^v prod_{i!=v} u^i / D``, ``u = prod_v u^v / D`` with
     ``D = sum_v prod_{i!=v} u^i - (V - 1) prod_v u^v``; dogmatic views are averaged.
     """
-    xp, mask = _check(opinion, mask, xp)
+    xp, opinion, mask = _check(opinion, mask, xp)
     return _cbf(vacuous_where_missing(opinion, mask, xp=xp), mask, xp)
 
 
@@ -123,7 +123,7 @@ def baf(opinion: Opinion, /, *, mask: Array | None = None, xp=None) -> Opinion:
     Order-dependent (Proposition 1): in evidence terms each new view gets weight 1/2 and everything fused
     before it is halved, so evidence 3, 5, 10 fuses to 7, and 10, 5, 3 to 5.25.
     """
-    xp, mask = _check(opinion, mask, xp)
+    xp, opinion, mask = _check(opinion, mask, xp)
     return _baf(vacuous_where_missing(opinion, mask, xp=xp), mask, xp)
 
 
@@ -132,7 +132,7 @@ def gbaf(opinion: Opinion, /, *, mask: Array | None = None, xp=None) -> Opinion:
 
     The fused uncertainty is the harmonic mean of the views' (Proposition 2).
     """
-    xp, mask = _check(opinion, mask, xp)
+    xp, opinion, mask = _check(opinion, mask, xp)
     return _average(vacuous_where_missing(opinion, mask, xp=xp), mask, xp)
 
 
@@ -174,7 +174,7 @@ def _average(opinion: Opinion, mask: Array | None, xp) -> Opinion:
         return Opinion(
             belief=_weighted_views(w * inverse[..., None], b), uncertainty=u.shape[-1] * u_min * inverse
         )
-    some = total > 0
+    some = total != 0  # not 'total > 0': a NaN view must give NaN, not the vacuous no-view answer
     inverse = 1 / xp.where(some, total, xp.ones_like(total))
     count = sum_last(xp.astype(mask, u.dtype), xp)
     return Opinion(
@@ -203,7 +203,7 @@ def _dempster_pair(b1: Array, u1: Array, b2: Array, u2: Array, xp) -> tuple[Arra
     belief = b1 * b2 + b1 * u2[..., None] + b2 * u1[..., None]
     uncertainty = u1 * u2
     total = xp.sum(belief, axis=-1) + uncertainty  # = 1 - C
-    defined = total > 0
+    defined = total != 0  # not 'total > 0': a NaN view must give NaN, not the vacuous total-conflict answer
     safe = xp.where(defined, total, xp.ones_like(total))
     return (
         xp.where(defined[..., None], belief / safe[..., None], xp.zeros_like(belief)),
@@ -251,12 +251,18 @@ assert tuple(_OPERATORS) == METHODS, "every method of the registry has its opera
 
 
 def _check(opinion: Opinion, mask: Array | None, xp):
+    """The namespace, the opinion in floating point (integer one-hot opinions are promoted as integer
+    evidence is), and the checked mask; ValueError for shapes that are not (..., V, K) and (..., V)."""
     b, u = opinion.belief, opinion.uncertainty
     xp = namespace(b, u, xp=xp)
-    if b.ndim < 2 or b.shape[-2] == 0:
-        raise ValueError(f"belief must have shape (..., V, K) with V >= 1 views, got {tuple(b.shape)}")
+    if b.ndim < 2 or b.shape[-2] == 0 or b.shape[-1] == 0:
+        raise ValueError(
+            f"belief must have shape (..., V, K) with V >= 1 views and K >= 1 classes, got {tuple(b.shape)}"
+        )
     if tuple(u.shape) != tuple(b.shape[:-1]):
         raise ValueError(
             f"uncertainty must have shape {tuple(b.shape[:-1])} (belief's without K), got {tuple(u.shape)}"
         )
-    return xp, checked_mask(mask, u, xp=xp)
+    if not (xp.isdtype(b.dtype, "real floating") and xp.isdtype(u.dtype, "real floating")):
+        opinion = Opinion(belief=as_floating(b, xp), uncertainty=as_floating(u, xp))
+    return xp, opinion, checked_mask(mask, u, xp=xp)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import array_api_compat
 import numpy as np
 
 from fusion._array import Array, as_floating, namespace, sum_last, sum_of_the_others
@@ -88,6 +89,9 @@ def opinion_from_evidence(evidence: Array, /, *, xp=None) -> Opinion:
     ([[0.5, 0.16666666666666666], [0.0, 0.0]], [0.3333333333333333, 1.0])
     """
     xp = namespace(evidence, xp=xp)
+    if evidence.ndim == 0 or evidence.shape[-1] == 0:
+        shape = tuple(evidence.shape)
+        raise ValueError(f"evidence must have shape (..., K) with K >= 1 classes, got {shape}")
     evidence = as_floating(evidence, xp)
     k = evidence.shape[-1]
     inverse_strength = 1 / (sum_last(evidence, xp) + k)  # 1 / S, S = sum_k (e_k + 1)   (Eq. 2)
@@ -115,9 +119,9 @@ def evidence_from_opinion(opinion: Opinion, /, *, xp=None) -> Array:
     u = u[..., None]
     if xp is np and u.all():  # no dogmatic opinion (none comes from finite evidence): the plain ratio
         return k * b / u
-    positive = u > 0
-    finite = k * b / xp.where(positive, u, xp.ones_like(u))
-    return xp.where(positive, finite, xp.where(b > 0, xp.asarray(float("inf"), dtype=b.dtype), 0 * b))
+    dogmatic = u == 0  # not 'u <= 0' or '~(u > 0)': a NaN uncertainty gives NaN evidence, never infinite
+    finite = k * b / xp.where(dogmatic, xp.ones_like(u), u)
+    return xp.where(dogmatic, xp.where(b > 0, xp.asarray(float("inf"), dtype=b.dtype), 0 * b), finite)
 
 
 def projected_probability(opinion: Opinion, /, *, xp=None) -> Array:
@@ -146,7 +150,7 @@ def top_class_of_the_others(views: Opinion, /, *, mask: Array | None = None, xp=
     views : Opinion
         Each view's opinion, belief (..., V, K) and uncertainty (..., V).
     mask : array of bool, shape (..., V), optional
-        The views fused (default: all).
+        The views fused (default: all); broadcast to the views' shape. TypeError if not boolean.
 
     Returns
     -------
@@ -162,6 +166,7 @@ def top_class_of_the_others(views: Opinion, /, *, mask: Array | None = None, xp=
     """
     b = views.belief
     xp = namespace(b, views.uncertainty, xp=xp)
+    mask = checked_mask(mask, views.uncertainty, xp=xp)
     evidence = evidence_from_opinion(views, xp=xp)
     if mask is not None:
         evidence = xp.where(mask[..., None], evidence, xp.zeros_like(evidence))
@@ -182,7 +187,7 @@ def agrees_with_the_others(views: Opinion, /, *, mask: Array | None = None, xp=N
     views : Opinion
         Each view's opinion, belief (..., V, K) and uncertainty (..., V).
     mask : array of bool, shape (..., V), optional
-        The views fused (default: all).
+        The views fused (default: all); broadcast to the views' shape. TypeError if not boolean.
 
     Returns
     -------
@@ -203,8 +208,9 @@ def agrees_with_the_others(views: Opinion, /, *, mask: Array | None = None, xp=N
     """
     b = views.belief
     xp = namespace(b, views.uncertainty, xp=xp)
+    mask = checked_mask(mask, views.uncertainty, xp=xp)  # boolean, the views' shape: 'compared' is too
     if mask is None:  # every view fused: each beside the others, if there are others
-        compared = xp.full(b.shape[:-1], b.shape[-2] > 1, dtype=xp.bool)
+        compared = xp.full(b.shape[:-1], b.shape[-2] > 1, dtype=xp.bool, device=array_api_compat.device(b))
     else:
         fused = xp.astype(mask, xp.int32)
         compared = mask & (xp.sum(fused, axis=-1, keepdims=True) - fused > 0)

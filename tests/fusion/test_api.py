@@ -65,3 +65,18 @@ def test_bad_shapes():
         fuse(Opinion(np.array([0.5, 0.5]), np.array(0.0)))
     with pytest.raises(ValueError, match="uncertainty must have shape"):
         fuse(Opinion(np.ones((2, 3, 4)) / 8, np.ones((2, 4)) / 2))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_no_classes_is_refused(method):
+    """K = 0 has no opinion (``u = K / S`` is 0 / 0): a clear ValueError, not NaN uncertainty beside a
+    RuntimeWarning (and u = 1 from BCF alone)."""
+    with pytest.raises(ValueError, match="K >= 1 classes"):
+        fuse(Opinion(np.zeros((2, 3, 0)), np.ones((2, 3))), method)
+    with pytest.raises(ValueError, match="K >= 1 classes"):
+        opinion_from_evidence(np.zeros((2, 3, 0)))
+
+
+def test_evidence_without_a_class_axis_is_refused():
+    with pytest.raises(ValueError, match=r"evidence must have shape \(\.\.\., K\)"):
+        opinion_from_evidence(np.array(3.0))

@@ -70,3 +70,31 @@ def test_small_views_beside_a_huge_one_keep_their_evidence(position):
     assert top_class_of_the_others(views).tolist() == [[1, 1, 1]]
     disagreeing = 1 if position == 0 else 0  # the view [1, 0]: its top class 0, the others' 1
     assert agrees_with_the_others(views)[0].tolist() == [[p != disagreeing for p in range(3)]]
+
+
+def test_every_view_fused_keeps_the_views_device():
+    """Without a mask, ``compared`` is built from nothing but the views' shape: it must still land on their
+    device, or a CUDA batch fails with a device mismatch ('meta' stands in for CUDA on a CPU machine)."""
+    torch = pytest.importorskip("torch")
+    views = opinion_from_evidence(torch.zeros((4, 3, 5), device="meta"))
+    agrees, compared = agrees_with_the_others(views)
+    assert agrees.device.type == compared.device.type == "meta"
+    assert tuple(agrees.shape) == tuple(compared.shape) == (4, 3)
+
+
+def test_a_mask_is_checked_and_broadcast_as_fuse_does():
+    """The mask follows fuse's rules: one row of views broadcasts over the samples (both results take the
+    views' shape), a list is taken, and an integer mask is refused rather than used bitwise (``2 & True``
+    is 0: a view 'present' as 2 would not be compared)."""
+    views = opinion_from_evidence(np.repeat(FOUR_VIEWS, 2, axis=0))
+    row = [True, False, True, True]
+    agrees, compared = agrees_with_the_others(views, mask=np.array(row))
+    assert agrees.tolist() == [[True, False, True, False]] * 2
+    assert compared.tolist() == [row] * 2
+    listed = agrees_with_the_others(views, mask=[row, row])
+    assert listed[0].tolist() == agrees.tolist() and listed[1].tolist() == compared.tolist()
+    assert top_class_of_the_others(views, mask=[row, row]).tolist() == [[0, 0, 0, 0]] * 2
+    with pytest.raises(TypeError, match="boolean"):
+        agrees_with_the_others(views, mask=np.array([[2, 0, 1, 1]] * 2))
+    with pytest.raises(TypeError, match="boolean"):
+        top_class_of_the_others(views, mask=np.array([[2, 0, 1, 1]] * 2))
