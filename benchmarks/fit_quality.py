@@ -9,10 +9,11 @@ on the test split:
 
 fused
     The exported ONNX heads on the raw features, fused with the manifest's fusion (:func:`fusion.fuse`), as
-    the service answers.
+    the service answers: a view far out of its training range (the manifest's ``out_of_range``) fused as
+    missing, the label the fused belief's top class.
 best head
-    Each view's exported head alone, on the test samples that have the view: the best one's accuracy in
-    each run, and the view best on average.
+    Each view's exported head alone, on the test samples that have the view in range: the best one's
+    accuracy in each run, and the view best on average.
 baseline, best view LR, views averaged LR
     scikit-learn's ``LogisticRegressionCV`` (C from 10 values by 5-fold cross-validated accuracy, refitted
     on train + validation; min-max scaled, a missing view imputed by its mean there): on all views
@@ -63,7 +64,7 @@ from calibration import conformal_rank
 from fusion import fuse, opinion_from_evidence
 from manifest import Manifest
 from training.data import SPLIT_NAMES, MultiViewData
-from training.export import exported_evidence
+from training.export import exported_evidence, exported_range_excess
 from training.metrics import accuracy
 from training.protocol import stratified_split
 
@@ -117,6 +118,7 @@ def _exported_figures(data: MultiViewData, split: np.ndarray, model: Path, manif
     present = data.present[test][:, [data.view_names.index(view) for view in order]]
     # a missing view's NaN row would make NaN evidence, which the mask would not hide: any finite row will do
     raw = {view: np.nan_to_num(data.views[view][test]) for view in order}
+    present &= exported_range_excess(model, raw) <= manifest.out_of_range.threshold  # fused as missing
     opinion = opinion_from_evidence(exported_evidence(model, raw))
     fused = fuse(opinion, manifest.fusion.method, lam=manifest.fusion.lam, mask=present)
     heads = {
@@ -131,7 +133,7 @@ def _exported_figures(data: MultiViewData, split: np.ndarray, model: Path, manif
         view_baselines[view] = accuracy(probability[has_view], labels[has_view])
     averaged = np.nanmean(np.stack(list(alone.values())), axis=0)  # over the views each sample has
     return {
-        "fused": accuracy(fused.probability, labels),
+        "fused": float(np.mean(fused.belief.argmax(-1) == labels)),  # the served label
         "heads": heads,
         "baseline": accuracy(_logistic_regression(data, list(data.view_names), fitted, test), labels),
         "view_baselines": view_baselines,
