@@ -512,3 +512,35 @@ def test_a_model_replaced_by_a_fit_during_a_load_is_loaded_whole_from_one_versio
     monkeypatch.setattr(loading, "_read_file", swapped_at_every_read)
     with pytest.raises(loading.ModelLoadError, match="checksum mismatch"):
         loading.load_repository(Settings(model_dir=root))
+
+
+def test_a_change_refused_because_its_load_took_too_long_is_loaded_by_the_watcher_once_it_can_be(
+    tmp_path, monkeypatch
+):
+    """A reload past DBF_RELOAD_TIMEOUT_SECONDS (a hung network mount) is refused, and while its load stays
+    stuck, so is every later one: no fault of the files. The watcher counted the change seen all the same,
+    and once the mount came back it never loaded it (with --workers N, where POST /v1/admin/reload is
+    refused, nothing could, short of touching a file). It tries again at its next polls."""
+    import threading
+
+    from service import reload
+
+    root = repository(tmp_path, "handwritten")
+    with serving(root, reload_poll_seconds=0.2, reload_timeout_seconds=0.5) as url:
+        loader, mount_back = reload.load_repository, threading.Event()
+
+        def hung_until_the_mount_is_back(settings, stop=None):
+            mount_back.wait()
+            return loader(settings, stop)
+
+        monkeypatch.setattr(reload, "load_repository", hung_until_the_mount_is_back)
+        failures = metric(url, "dbf_model_reloads_total", outcome="failure")
+        shutil.copytree(MODELS / "pie", tmp_path / "staging")
+        (tmp_path / "staging").rename(root / "pie")
+        eventually(
+            lambda: metric(url, "dbf_model_reloads_total", outcome="failure") >= failures + 1,
+            "the watcher did not try the change",
+        )
+        assert models(url) == ["handwritten"]
+        mount_back.set()
+        eventually(lambda: models(url) == ["handwritten", "pie"], "the watcher never loaded the change")
