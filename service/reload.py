@@ -95,12 +95,13 @@ async def reload_repository(plane: DataPlane) -> Repository:
                 repository = await plane.loads.load(settings)
                 serve(plane, repository)
         if deadline.cancelled_caught:
-            raise ModelLoadError(
+            raise LoadNotDone(
                 f"not done within {settings.reload_timeout_seconds:g} s (DBF_RELOAD_TIMEOUT_SECONDS): a file "
                 "that blocks on read (a hung network mount?), or a reload queued behind such a one"
             )
     except ModelLoadError as error:
         refusal = f"reload refused, still serving the previous models: {error}"
+        not_done = isinstance(error, LoadNotDone)
     else:
         metrics.RELOADS.labels("success").inc()
         log.info("reloaded models %s from %s", sorted(repository.models), settings.model_dir)
@@ -108,7 +109,15 @@ async def reload_repository(plane: DataPlane) -> Repository:
     _free_memory()  # out of the except clause: the error, and the sessions its traceback holds, are gone
     metrics.RELOADS.labels("failure").inc()
     log.error("%s", refusal)
-    raise errors.ReloadFailed(refusal)
+    raise ReloadNotDone(refusal) if not_done else errors.ReloadFailed(refusal)
+
+
+class LoadNotDone(ModelLoadError):
+    """The load did not end in time, or could not start beside one that did not: no fault of the files."""
+
+
+class ReloadNotDone(errors.ReloadFailed):
+    """A reload refused for :class:`LoadNotDone`: the same files may load once the load can end."""
 
 
 class ModelLoads:
@@ -125,7 +134,7 @@ class ModelLoads:
 
         def load() -> Repository:
             if not self._running.acquire(blocking=False):
-                raise ModelLoadError(
+                raise LoadNotDone(
                     "an earlier load, given up, is still running (stuck reading a file?); no other starts "
                     "until it ends"
                 )
@@ -194,12 +203,27 @@ def _settle(done: asyncio.Future, result: object, error: BaseException | None) -
 
 async def watch_repository(plane: DataPlane, every: float, seen: tuple) -> None:
     """Reload when a file of the model directory changes from ``seen``, its fingerprint when the models
-    being served were loaded (each worker process watches for itself)."""
+    being served were loaded (each worker process watches for itself). A reload refused for time
+    (:class:`ReloadNotDone`) is tried again, 1, 2, 4... polls later (at most :data:`RETRY_MAX_SECONDS`
+    apart): a change refused so was never loaded once the load could end (a hung network mount come back),
+    and a retry at every poll kept a repository too large for its time limit loading for ever."""
     model_dir = plane.settings.model_dir
+    retry_in, retry_at = every, None
     while True:
         await anyio.sleep(every)
         now = await in_daemon_thread(lambda: repository_fingerprint(model_dir))
-        if now != seen:
-            seen = now
-            with contextlib.suppress(errors.ReloadFailed):  # logged and counted; the old models serve on
+        due = retry_at is not None and anyio.current_time() >= retry_at
+        if now != seen or due:
+            retry_in = retry_in if now == seen else every
+            seen, retry_at = now, None
+            try:
                 await reload_repository(plane)
+            except ReloadNotDone:
+                retry_at = anyio.current_time() + retry_in
+                retry_in = min(2 * retry_in, max(every, RETRY_MAX_SECONDS))
+            except errors.ReloadFailed:  # logged and counted; the old models serve on
+                pass
+
+
+RETRY_MAX_SECONDS = 300.0
+"""The longest the watcher waits to try again a reload refused for time."""

@@ -230,8 +230,35 @@ def read_manifest(path: Path) -> tuple[Manifest, dict[str, bytes]]:
     """Validate ``path`` against the schema and every head file against its SHA-256.
 
     Returns the manifest and the verified bytes per view: sessions are built from these very bytes, so a
-    file changed after the check is never loaded.
+    file changed after the check is never loaded. A model folder replaced while it was read (``fit`` swaps
+    the new model's folder for the old one in one exchange, then removes the old) is read again: its old
+    manifest and its new heads are no fault of either version.
     """
+    for _ in range(FOLDER_SWAPS_READ_AGAIN):
+        folder = _identity(path.parent)
+        try:
+            return _read_model(path)
+        except ModelLoadError:
+            if _identity(path.parent) == folder:
+                raise
+    return _read_model(path)
+
+
+FOLDER_SWAPS_READ_AGAIN = 3
+"""How many times a model whose folder was swapped while it was read is read again: a folder swapped at
+every read is refused, with what the last read found."""
+
+
+def _identity(folder: Path) -> tuple[int, int] | None:
+    """The folder that ``folder`` names now (device and inode); None where there is none."""
+    try:
+        info = os.stat(folder)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+def _read_model(path: Path) -> tuple[Manifest, dict[str, bytes]]:
     content = _read_file(path, "manifest", limit=MAX_MANIFEST_BYTES)
     try:
         # Strict: a number written as a string ("dim": "6") is a manifest not written by export.

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -55,8 +57,28 @@ def measured_agreement(directory: str | os.PathLike[str], data_dir: str | os.Pat
 def write_agreement(directory: str | os.PathLike[str], data_dir: str | os.PathLike[str]) -> Manifest:
     """:func:`measured_agreement`, written into the model's ``manifest.json``."""
     manifest = measured_agreement(directory, data_dir)
-    (Path(directory) / "manifest.json").write_text(manifest.json_text())
+    _replace_file(Path(directory) / "manifest.json", manifest.json_text().encode())
     return manifest
+
+
+def _replace_file(path: Path, content: bytes) -> None:
+    """Make ``content`` the file ``path``, whole or not at all: written beside it under a hidden name (which
+    the service's watcher does not read), then renamed over it. Written in place, a write that failed half-way
+    (a full disk, a kill) left a truncated manifest: a served model that no longer loaded."""
+    path = path.resolve()  # a linked manifest: its target rewritten, as written in place it was
+    handle, staged = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(content)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(staged, stat.S_IMODE(path.stat().st_mode))  # mkstemp's 0600 would hide it from the service
+        os.replace(staged, path)
+    except BaseException as error:
+        Path(staged).unlink(missing_ok=True)
+        if isinstance(error, OSError):
+            raise OSError(error.errno, f"{path}: not written ({error.strerror}); it is as it was") from error
+        raise
 
 
 FAILURES = ("shuffled", "constant", "noise")

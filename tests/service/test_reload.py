@@ -451,3 +451,96 @@ def test_an_unforeseen_fault_in_a_load_is_a_refused_reload_and_the_watcher_goes_
         shutil.copytree(MODELS / "pie", tmp_path / "staging")
         (tmp_path / "staging").rename(root / "pie")
         eventually(lambda: models(url) == ["handwritten", "pie"], "the watcher stopped after the fault")
+
+
+def new_heads(model: Path, version: str) -> None:
+    """Make ``model`` another version of itself: every head's bytes changed (its doc string), the manifest's
+    checksums with them, as a fit to the same ``--out`` gives."""
+    import hashlib
+
+    import onnx
+
+    manifest = json.loads((model / "manifest.json").read_text())
+    for view in manifest["views"]:
+        head = onnx.load(model / view["file"])
+        head.doc_string = version
+        content = head.SerializeToString()
+        (model / view["file"]).write_bytes(content)
+        view["sha256"] = hashlib.sha256(content).hexdigest()
+    (model / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_model_replaced_by_a_fit_during_a_load_is_loaded_whole_from_one_version(tmp_path, monkeypatch):
+    """fit (and export) put a new model in place of the old in one atomic exchange of the two folders
+    (renameat2). A load that had read the old manifest when the exchange came read the new heads from the
+    same path: refused, 'checksum mismatch' (409, a failure counted, DBFModelReloadFailed), though neither
+    version was ever broken. A model whose folder was swapped while it was read is read again.
+
+    A folder swapped at every read is still refused, naming the file."""
+    from service import repository as loading
+    from service.settings import Settings
+    from training.export import _swap_in
+
+    root = repository(tmp_path, "handwritten")
+    staged = root / ".handwritten.new"  # hidden, beside the model, as fit stages it
+    shutil.copytree(root / "handwritten", staged)
+    new_heads(staged, "2")
+    replacement = [view["sha256"] for view in json.loads((staged / "manifest.json").read_text())["views"]]
+    read = loading._read_file
+
+    def exchanged_after_the_manifest(file, *args, **kwargs):
+        content = read(file, *args, **kwargs)
+        if file.name == "manifest.json" and staged.exists():
+            _swap_in(staged, root / "handwritten")  # the old model now at the staged name
+            shutil.rmtree(staged)  # as fit removes it
+        return content
+
+    monkeypatch.setattr(loading, "_read_file", exchanged_after_the_manifest)
+    loaded = loading.load_repository(Settings(model_dir=root)).models["handwritten"]
+    assert [view.sha256 for view in loaded.manifest.views] == replacement
+
+    staged.mkdir()  # swapped again at every read: refused, not read for ever
+    shutil.copytree(root / "handwritten", staged, dirs_exist_ok=True)
+    new_heads(staged, "3")
+
+    def swapped_at_every_read(file, *args, **kwargs):
+        content = read(file, *args, **kwargs)
+        if file.name == "manifest.json":
+            _swap_in(staged, root / "handwritten")
+        return content
+
+    monkeypatch.setattr(loading, "_read_file", swapped_at_every_read)
+    with pytest.raises(loading.ModelLoadError, match="checksum mismatch"):
+        loading.load_repository(Settings(model_dir=root))
+
+
+def test_a_change_refused_because_its_load_took_too_long_is_loaded_by_the_watcher_once_it_can_be(
+    tmp_path, monkeypatch
+):
+    """A reload past DBF_RELOAD_TIMEOUT_SECONDS (a hung network mount) is refused, and while its load stays
+    stuck, so is every later one: no fault of the files. The watcher counted the change seen all the same,
+    and once the mount came back it never loaded it (with --workers N, where POST /v1/admin/reload is
+    refused, nothing could, short of touching a file). It tries again at its next polls."""
+    import threading
+
+    from service import reload
+
+    root = repository(tmp_path, "handwritten")
+    with serving(root, reload_poll_seconds=0.2, reload_timeout_seconds=0.5) as url:
+        loader, mount_back = reload.load_repository, threading.Event()
+
+        def hung_until_the_mount_is_back(settings, stop=None):
+            mount_back.wait()
+            return loader(settings, stop)
+
+        monkeypatch.setattr(reload, "load_repository", hung_until_the_mount_is_back)
+        failures = metric(url, "dbf_model_reloads_total", outcome="failure")
+        shutil.copytree(MODELS / "pie", tmp_path / "staging")
+        (tmp_path / "staging").rename(root / "pie")
+        eventually(
+            lambda: metric(url, "dbf_model_reloads_total", outcome="failure") >= failures + 1,
+            "the watcher did not try the change",
+        )
+        assert models(url) == ["handwritten"]
+        mount_back.set()
+        eventually(lambda: models(url) == ["handwritten", "pie"], "the watcher never loaded the change")

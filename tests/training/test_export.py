@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import onnxruntime
@@ -222,3 +229,45 @@ def test_failed_export_leaves_the_existing_model_untouched(data_dir, tmp_path, m
         export("cub", tmp_path / "cub", data_dir=data_dir, config=_quick("cub"), seed=1)
     assert {p.name: p.read_bytes() for p in (tmp_path / "cub").iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cub"]
+
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+
+
+def _file_size_limit(size: int) -> None:
+    """In the child: writes past ``size`` bytes fail (EFBIG, as a full disk fails) instead of killing it."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
+@pytest.mark.data
+def test_view_agreement_write_that_fails_leaves_the_manifest_as_it_was(data_dir, tmp_path):
+    """``view-agreement --write`` rewrites a served model's manifest. Written in place, a write that failed
+    half-way (a full disk; here the file size limit just past the old manifest's size) left it truncated:
+    8,192 of 10,825 bytes on a full tmpfs, a model that no longer loaded, and a service restarted then served
+    no model at all."""
+    model = tmp_path / "handwritten"
+    shutil.copytree(MODELS / "handwritten", model)
+    manifest = json.loads((model / "manifest.json").read_text())
+    del manifest["view_agreement"]  # as exported before it existed: the measured section makes it grow
+    (model / "manifest.json").write_text(json.dumps(manifest))
+    before = {p.name: p.read_bytes() for p in model.iterdir()}
+
+    command = [sys.executable, "-m", "training", "view-agreement", "--write", "--data-dir", str(data_dir)]
+    size = len(before["manifest.json"]) + 100
+    done = subprocess.run(
+        [*command, str(model)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: _file_size_limit(size),
+    )
+    assert done.returncode == 1, done.stderr
+    assert "manifest.json" in done.stderr
+    assert {p.name: p.read_bytes() for p in model.iterdir()} == before  # nothing left beside it either
+
+    written = subprocess.run([*command, str(model)], capture_output=True, text=True, timeout=300)
+    assert written.returncode == 0, written.stderr
+    assert Manifest.model_validate_json((model / "manifest.json").read_text()).view_agreement is not None
+    assert sorted(p.name for p in model.iterdir()) == sorted(before)
+    assert (model / "manifest.json").stat().st_mode & 0o777 == 0o644  # readable by the service as before
