@@ -315,8 +315,11 @@ def write_model(
         if extras is not None:
             extras(staging, written)
         staging.chmod(0o755)  # mkdtemp's 0700 would make the model private to its writer
+        _flush_to_disk(staging)
         check_model_dir(out, data=data)  # what is at out_dir now, not when writing began
         _swap_in(staging, out)
+        with contextlib.suppress(OSError):  # the swap itself; done already, so no longer the write's failure
+            _flush_to_disk(out.parent, files=False)
     except OSError as error:
         raise _unwritten(out, error) from error
     finally:  # the unfinished model, or once swapped in, the old one
@@ -328,6 +331,25 @@ def _unwritten(out: Path, error: OSError) -> ModelDirError:
     """What a failed write (a full disk, a name too long) says: why, and that ``out`` is as it was."""
     reason = error.strerror or str(error)
     return ModelDirError(f"{out}: the model could not be written ({reason}); {out} is as it was")
+
+
+def _flush_to_disk(directory: Path, *, files: bool = True) -> None:
+    """``fsync`` ``directory``'s regular files (with ``files``), then the directory itself: a rename is
+    written to disk apart from the data it names, and after a power loss a model swapped in before its files
+    reached the disk could be empty files, which the service refuses, and with them its start."""
+    if files:
+        for entry in directory.iterdir():
+            if entry.is_file() and not entry.is_symlink():
+                with entry.open("rb") as written:
+                    os.fsync(written.fileno())
+    descriptor = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(descriptor)
+    except OSError as error:
+        if error.errno not in (errno.EINVAL, errno.ENOTSUP):  # a file system that syncs no directory
+            raise
+    finally:
+        os.close(descriptor)
 
 
 def _swap_in(staging: Path, out: Path) -> None:

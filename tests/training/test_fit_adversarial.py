@@ -7,6 +7,7 @@ an older model at ``--out`` as it was."""
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 import subprocess
 import sys
@@ -225,6 +226,32 @@ def test_an_interrupt_between_the_renames_puts_the_old_model_back(tmp_path, tiny
         exporting.write_model(out, **tiny_model)
     assert _snapshot(out) == before
     assert sorted(p.name for p in out.parent.iterdir()) == ["pets"]
+
+
+def test_a_model_reaches_the_disk_before_it_is_swapped_in(tmp_path, tiny_model, monkeypatch):
+    """A rename reaches the disk apart from the files it names: swapped in before them, a power loss could
+    leave a served model of empty files."""
+    out = tmp_path / "models" / "pets"
+    write_old_model(out, tiny_model)
+    events: list[tuple[str, str]] = []
+    fsync, swap_in = os.fsync, exporting._swap_in
+
+    def recorded_fsync(descriptor: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{descriptor}")))
+        fsync(descriptor)
+
+    def recorded_swap_in(staging: Path, target: Path) -> None:
+        events.append(("swap", str(staging)))
+        swap_in(staging, target)
+
+    monkeypatch.setattr(os, "fsync", recorded_fsync)
+    monkeypatch.setattr(exporting, "_swap_in", recorded_swap_in)
+    exporting.write_model(out, **tiny_model)
+    [swap] = [i for i, (event, _) in enumerate(events) if event == "swap"]
+    staging = events[swap][1]
+    before = {path for _, path in events[:swap]}
+    assert {f"{staging}/{name}" for name in ("manifest.json", "a.onnx", "b.onnx")} | {staging} <= before
+    assert ("fsync", str(out.parent)) in events[swap:]
 
 
 def test_a_model_is_swapped_in_whole(tmp_path, tiny_model):
