@@ -16,7 +16,9 @@ random view of each sample is replaced by that view of a sample of class ``(y + 
 Missing views: scaling is fitted on the rows that have the view; a missing row is 0 once scaled (finite for
 the heads) and masked out everywhere after that (:attr:`Samples.present`). A conflictive copy is made only of
 samples with two views or more (one view cannot conflict with anything), replacing one of their present
-views with the same view of a donor that has it. On complete data these rules change nothing.
+views with the same view of a donor that has it. On complete data these rules change nothing. Fits and
+exports also count as missing a validation or test view far outside its training range
+(``out_of_range_above``), as the service fuses it.
 
 Examples
 --------
