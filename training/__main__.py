@@ -107,16 +107,17 @@ def _experiment(args: argparse.Namespace) -> int:
 
 
 def _summarise(args: argparse.Namespace) -> int:
-    import json
-
-    from training.experiment import summary_markdown
+    from training.experiment import read_results, summary_markdown
 
     results = []
     for directory in args.dirs:
         try:
-            results += json.loads((directory / "results.json").read_text())["results"]
-        except (OSError, ValueError, KeyError) as error:
-            print(f"error: {directory / 'results.json'}: {error}", file=sys.stderr)
+            results += read_results(directory / "results.json")
+        except OSError as error:
+            print(f"error: {directory / 'results.json'}: {error.strerror or error}", file=sys.stderr)
+            return 1
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
             return 1
     sys.stdout.write(summary_markdown(results))
     return 0

@@ -182,7 +182,7 @@ def summary_table(results: Sequence[Mapping[str, object]], *, metric: str) -> st
     rows = list(dict.fromkeys(_row(r) for r in results))
     label_activation = len({row[1] for row in rows}) > 1
     label_hidden = len({row[2] for row in rows}) > 1
-    lines = ["| | " + " | ".join(datasets_seen) + " |", "|---" * (len(datasets_seen) + 1) + "|"]
+    lines = ["| | " + " | ".join(map(_cell, datasets_seen)) + " |", "|---" * (len(datasets_seen) + 1) + "|"]
     for row in rows:
         method, activation, hidden = row
         cells = []
@@ -193,8 +193,13 @@ def summary_table(results: Sequence[Mapping[str, object]], *, metric: str) -> st
             [f"hidden {','.join(map(str, hidden)) or 'none'}"] if label_hidden else []
         )
         label = method.upper() + (f" ({', '.join(details)})" if details else "")
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append(f"| {_cell(label)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    """``text`` as one markdown table cell: a pipe would open another cell, a line break another row."""
+    return " ".join(text.replace("|", "\\|").split())
 
 
 SUMMARY_SECTIONS = (
@@ -210,6 +215,53 @@ def summary_markdown(results: Sequence[Mapping[str, object]]) -> str:
     return "\n".join(
         f"## {title}\n\n{summary_table(results, metric=metric)}\n" for title, metric in SUMMARY_SECTIONS
     )
+
+
+def read_results(path: str | os.PathLike[str]) -> list[dict[str, object]]:
+    """The records of an experiment's ``results.json`` (:func:`write_results`), checked for what
+    :func:`summary_markdown` reads of them.
+
+    Raises
+    ------
+    ValueError
+        Naming the file and, where one record is at fault, its index and key.
+    OSError
+        Where it cannot be read.
+    """
+    path = Path(path)
+    try:
+        document = json.loads(path.read_text())
+    except RecursionError:  # json's parser recurses once per level of nesting
+        raise ValueError(f"{path}: nested too deeply to be an experiment's results") from None
+    except ValueError as error:
+        raise ValueError(f"{path}: not JSON ({error})") from None
+    records = document.get("results") if isinstance(document, dict) else None
+    if not isinstance(records, list):
+        raise ValueError(f'{path}: no list of results (an object with a list under "results")')
+    for i, record in enumerate(records):
+        problem = _record_problem(record)
+        if problem:
+            raise ValueError(f"{path}: result {i}: {problem}")
+    return records
+
+
+def _record_problem(record: object) -> str | None:
+    """What makes ``record`` unfit for the summary tables, or None."""
+    if not isinstance(record, dict):
+        return "not an object"
+    for key in ("dataset", "method"):
+        if not isinstance(record.get(key), str):
+            return f"{key} is {record.get(key)!r}, not a name"
+    for _, metric in SUMMARY_SECTIONS:
+        value = record.get(metric)
+        if isinstance(value, bool) or not isinstance(value, int | float):  # NaN is a measure: kept
+            return f"{metric} is {value!r}, not a number"
+    if not isinstance(record.get("activation", ""), str):
+        return f"activation is {record['activation']!r}, not a name"
+    hidden = record.get("hidden", [])
+    if not isinstance(hidden, list) or not all(type(width) is int for width in hidden):
+        return f"hidden is {hidden!r}, not a list of layer widths"
+    return None
 
 
 def _row(result: Mapping[str, object]) -> tuple[str, str, tuple[int, ...]]:

@@ -189,3 +189,45 @@ def test_a_run_trains_with_its_datasets_hyperparameters(data_dir, monkeypatch):
         == DATASETS["cub"].hyperparameters
         != DATASETS["handwritten"].hyperparameters
     )
+
+
+def _results_dir(tmp_path, name: str, text: str):
+    directory = tmp_path / name
+    directory.mkdir()
+    (directory / "results.json").write_text(text)
+    return directory
+
+
+_RECORD = {"dataset": "pie", "method": "dbf", "auc": 0.7, "acc_normal": 0.9, "acc_conflict": 0.5, "ece": 0.1}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[1, 2]",  # not an object
+        '{"results": {"dataset": "pie"}}',  # not a list
+        '{"results": ["pie"]}',  # a record that is no object
+        '{"results": [{"dataset": "pie"}]}',  # no method, no measures
+        json.dumps({"results": [{**_RECORD, "auc": "high"}]}),
+        json.dumps({"results": [{**_RECORD, "auc": True}]}),
+        json.dumps({"results": [{**_RECORD, "hidden": 5}]}),
+        json.dumps({"results": [{**_RECORD, "method": None}]}),
+        "[" * 100_000 + "]" * 100_000,  # deeper than the parser's recursion
+    ],
+    ids=["list", "results-object", "record-string", "no-keys", "text", "bool", "hidden-int", "null", "deep"],
+)
+def test_summarise_names_a_malformed_results_file_without_a_traceback(tmp_path, capsys, text):
+    directory = _results_dir(tmp_path, "bad", text)
+    assert main(["summarise", str(directory)]) == 1
+    err = capsys.readouterr().err
+    assert f"error: {directory / 'results.json'}: " in err and "Traceback" not in err
+
+
+def test_summarise_keeps_each_name_in_its_own_cell(tmp_path, capsys):
+    """A dataset or method name holding a pipe or a line break cannot add cells, rows or headings."""
+    record = {**_RECORD, "dataset": "a|b\n## injected", "method": "dbf|x"}
+    directory = _results_dir(tmp_path, "odd", json.dumps({"results": [record]}))
+    assert main(["summarise", str(directory)]) == 0
+    tables = capsys.readouterr().out
+    assert "\n## injected" not in tables
+    assert "| | a\\|b ## injected |" in tables and "| DBF\\|X | 0.70 ± 0.00 |" in tables
