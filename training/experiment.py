@@ -6,13 +6,17 @@ Protocols (``heldout``, the default, and ``paper``, what the authors' code does)
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import functools
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -325,23 +329,50 @@ def write_results(
 ) -> Path:
     """``out_dir/results.json`` (each run's :meth:`RunResult.record`), ``results.md`` (the paper's tables),
     ``uncertainties.npz`` (fused uncertainties per run, keyed by index) and the plots of
-    :mod:`training.plots`, where :func:`check_results_dir` allows. Returns the directory."""
+    :mod:`training.plots`, where :func:`check_results_dir` allows. Returns the directory.
+
+    Every file is written beside the others in a hidden staging directory of ``out_dir`` and renamed into
+    place only once all are, under a lock of ``out_dir``; a figure these results do not have is removed. So
+    an interrupted write leaves the earlier results as they were, and of two experiments writing one
+    directory at once, one's files are left, all of them."""
     out = Path(out_dir)
     check_results_dir(out)
     out.mkdir(parents=True, exist_ok=True)
-    records = [result.record() for result in results]
-    document: dict[str, object] = {"results": records}
-    if wall_seconds is not None:
-        document["wall_seconds"] = round(wall_seconds, 3)  # ms: a small grid takes well under 0.1 s
-    (out / "results.json").write_text(json.dumps(document, indent=1) + "\n")
-    (out / "results.md").write_text(summary_markdown(records))
-    arrays = {}
-    for i, result in enumerate(results):  # keyed by the run's index in results.json
-        arrays[f"{i}_normal"] = result.evaluation.u_normal
-        arrays[f"{i}_conflict"] = result.evaluation.u_conflict
-    np.savez_compressed(out / "uncertainties.npz", **arrays)
-    write_plots(out)
+    staging = Path(tempfile.mkdtemp(prefix=".results.", dir=out))
+    try:
+        records = [result.record() for result in results]
+        document: dict[str, object] = {"results": records}
+        if wall_seconds is not None:
+            document["wall_seconds"] = round(wall_seconds, 3)  # ms: a small grid takes well under 0.1 s
+        (staging / "results.json").write_text(json.dumps(document, indent=1) + "\n")
+        (staging / "results.md").write_text(summary_markdown(records))
+        arrays = {}
+        for i, result in enumerate(results):  # keyed by the run's index in results.json
+            arrays[f"{i}_normal"] = result.evaluation.u_normal
+            arrays[f"{i}_conflict"] = result.evaluation.u_conflict
+        np.savez_compressed(staging / "uncertainties.npz", **arrays)
+        write_plots(staging)
+        with _locked(out):
+            check_results_dir(out)  # another writer may have put something else there meanwhile
+            for name in RESULT_FILES:
+                if (staging / name).exists():
+                    os.replace(staging / name, out / name)
+                else:  # an earlier experiment's figure (a lambda sweep), which these results do not draw
+                    (out / name).unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return out
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """An exclusive lock on ``directory`` itself (no lock file left behind), released on leaving."""
+    handle = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(handle)  # releases the lock
 
 
 @functools.lru_cache(maxsize=8)

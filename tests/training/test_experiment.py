@@ -231,3 +231,39 @@ def test_summarise_keeps_each_name_in_its_own_cell(tmp_path, capsys):
     tables = capsys.readouterr().out
     assert "\n## injected" not in tables
     assert "| | a\\|b ## injected |" in tables and "| DBF\\|X | 0.70 ± 0.00 |" in tables
+
+
+def _grid(lambdas=(1.0,)):
+    return run_grid([RunSpec(dataset="synthetic", lam=lam, epochs=2) for lam in lambdas], None, workers=1)
+
+
+def test_results_written_again_leave_no_figure_of_the_earlier_ones(tmp_path):
+    write_results(_grid((0.5, 2.0)), tmp_path)
+    assert (tmp_path / "lambda_sweep.png").is_file()
+    write_results(_grid(), tmp_path)  # one lambda: no sweep to draw
+    assert not (tmp_path / "lambda_sweep.png").exists()
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(
+        [
+            "results.json",
+            "results.md",
+            "uncertainties.npz",
+            "uncertainty_distributions.png",
+            "view_uncertainty.png",
+        ]
+    )
+
+
+def test_interrupted_results_leave_the_earlier_ones_whole(tmp_path, monkeypatch):
+    """Ctrl-C while the figures are drawn: the earlier results, tables and uncertainties stay together."""
+    import training.experiment as experiment
+
+    write_results(_grid((0.5, 2.0)), tmp_path)
+    before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+
+    def interrupted(out_dir):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(experiment, "write_plots", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_results(_grid(), tmp_path)
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
