@@ -364,8 +364,14 @@ def _names(text: str) -> list[str]:
 
 
 def _each(parse: Callable[[str], object]) -> Callable[[str], list]:
-    """An argparse type: comma-separated values, each as ``parse`` reads it (or its message)."""
-    return lambda text: [parse(part) for part in _names(text)]
+    """An argparse type: comma-separated values, at least one, each as ``parse`` reads it (or its message)."""
+
+    def parse_each(text: str) -> list:
+        if not _names(text):  # a grid with no runs along one axis has none at all
+            raise argparse.ArgumentTypeError(f"expected at least one comma-separated value, got {text!r}")
+        return [parse(part) for part in _names(text)]
+
+    return parse_each
 
 
 def _one_of(known: Sequence[str], kind: str) -> Callable[[str], str]:
@@ -462,7 +468,7 @@ def _add_experiment(commands: argparse._SubParsersAction) -> None:
     grid = commands.add_parser(
         "experiment", help="train and evaluate a grid of runs; write results and tables"
     )
-    grid.add_argument("--dataset", type=_names, required=True, help="comma-separated dataset names")
+    grid.add_argument("--dataset", type=_each(str), required=True, help="comma-separated dataset names")
     grid.add_argument(
         "--methods",
         type=_each(_one_of(METHODS, "method")),

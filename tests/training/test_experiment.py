@@ -267,3 +267,14 @@ def test_interrupted_results_leave_the_earlier_ones_whole(tmp_path, monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         write_results(_grid(), tmp_path)
     assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
+
+
+@pytest.mark.parametrize("option", ["--dataset", "--methods", "--seeds", "--lambda", "--activation"])
+def test_an_empty_list_in_the_grid_is_refused_naming_the_option(tmp_path, capsys, option):
+    """``--seeds ,`` made a grid of no runs, which ended in max()'s ValueError traceback."""
+    argv = ["experiment", "--dataset", "synthetic", "--epochs", "1", "--workers", "1", "--out", str(tmp_path)]
+    with pytest.raises(SystemExit) as exit:
+        main([*argv, option, ","])
+    assert exit.value.code == 2
+    assert f"{option}: expected at least one" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
