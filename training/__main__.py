@@ -107,16 +107,17 @@ def _experiment(args: argparse.Namespace) -> int:
 
 
 def _summarise(args: argparse.Namespace) -> int:
-    import json
-
-    from training.experiment import summary_markdown
+    from training.experiment import read_results, summary_markdown
 
     results = []
     for directory in args.dirs:
         try:
-            results += json.loads((directory / "results.json").read_text())["results"]
-        except (OSError, ValueError, KeyError) as error:
-            print(f"error: {directory / 'results.json'}: {error}", file=sys.stderr)
+            results += read_results(directory / "results.json")
+        except OSError as error:
+            print(f"error: {directory / 'results.json'}: {error.strerror or error}", file=sys.stderr)
+            return 1
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
             return 1
     sys.stdout.write(summary_markdown(results))
     return 0
@@ -363,8 +364,14 @@ def _names(text: str) -> list[str]:
 
 
 def _each(parse: Callable[[str], object]) -> Callable[[str], list]:
-    """An argparse type: comma-separated values, each as ``parse`` reads it (or its message)."""
-    return lambda text: [parse(part) for part in _names(text)]
+    """An argparse type: comma-separated values, at least one, each as ``parse`` reads it (or its message)."""
+
+    def parse_each(text: str) -> list:
+        if not _names(text):  # a grid with no runs along one axis has none at all
+            raise argparse.ArgumentTypeError(f"expected at least one comma-separated value, got {text!r}")
+        return [parse(part) for part in _names(text)]
+
+    return parse_each
 
 
 def _one_of(known: Sequence[str], kind: str) -> Callable[[str], str]:
@@ -461,7 +468,7 @@ def _add_experiment(commands: argparse._SubParsersAction) -> None:
     grid = commands.add_parser(
         "experiment", help="train and evaluate a grid of runs; write results and tables"
     )
-    grid.add_argument("--dataset", type=_names, required=True, help="comma-separated dataset names")
+    grid.add_argument("--dataset", type=_each(str), required=True, help="comma-separated dataset names")
     grid.add_argument(
         "--methods",
         type=_each(_one_of(METHODS, "method")),

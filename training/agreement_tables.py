@@ -26,10 +26,9 @@ import numpy as np
 
 from manifest import Manifest
 from training.calibrate import FusedSplit, agreeing_views, view_agreement
-from training.export import exported_evidence, exported_range_excess
+from training.export import benchmark_model, exported_evidence, exported_range_excess
 from training.protocol import EvaluationSets, Samples, evaluation_sets
 from training.readers import read_registered
-from training.registry import dataset_spec
 
 __all__ = ["failure_table", "measured_agreement", "write_agreement"]
 
@@ -44,11 +43,11 @@ def measured_agreement(directory: str | os.PathLike[str], data_dir: str | os.Pat
         kept, so the clean rate cannot be measured afresh on the samples it was calibrated on.
     """
     directory = Path(directory)
-    manifest = _manifest(directory)
+    manifest, _, _ = benchmark_model(directory)
     fitted_on = manifest.calibration.fitted_on if manifest.calibration is not None else None
     if fitted_on is not None and fitted_on.kind != "validation":
         raise ValueError(f"{directory}: calibrated on cross-fitted evidence; fit the model again instead")
-    model = _Exported(directory, manifest, data_dir)
+    model = _Exported(directory, data_dir)
     validation, test = model.fused(model.sets.validation), model.fused(model.sets.test)
     names = [view.name for view in manifest.views]
     return manifest.model_copy(update={"view_agreement": view_agreement(validation, names, test=test)})
@@ -93,10 +92,10 @@ def failure_table(
     manifest must have its ``view_agreement``."""
     rows = []
     for directory in map(Path, model_dirs):
-        manifest = _manifest(directory)
+        manifest, _, _ = benchmark_model(directory)
         if manifest.view_agreement is None:
             raise ValueError(f"{directory}: the manifest has no view_agreement section")
-        model = _Exported(directory, manifest, data_dir)
+        model = _Exported(directory, data_dir)
         clean = model.measure(model.raw_test())
         for v, view in enumerate(manifest.views):
             for failure in FAILURES:
@@ -146,13 +145,12 @@ def _share(value: float) -> str:
 class _Exported:
     """An exported model with its dataset's splits, as its export made them, and the service's fusion."""
 
-    def __init__(self, directory: Path, manifest: Manifest, data_dir: str | os.PathLike[str]) -> None:
-        self.directory, self.manifest = directory, manifest
-        data = read_registered(dataset_spec(manifest.dataset), data_dir)
+    def __init__(self, directory: Path, data_dir: str | os.PathLike[str]) -> None:
+        self.directory = directory
+        self.manifest, spec, split_seed = benchmark_model(directory)
+        data = read_registered(spec, data_dir)
         self.raw = dict(data.views)  # the ONNX heads scale inside: they take the raw features
-        self.sets: EvaluationSets = evaluation_sets(
-            data, seed=int(manifest.training["seed"]), conflictive=("validation", "test")
-        )
+        self.sets: EvaluationSets = evaluation_sets(data, seed=split_seed, conflictive=("validation", "test"))
 
     def raw_features(self, samples: Samples) -> dict[str, np.ndarray]:
         features = dataclasses.replace(samples, views=self.raw).features()
@@ -209,7 +207,3 @@ class _Exported:
             )
             what = "zeros" if in_range else "training mean (zeros: out of range)"
         return {**features, view: make[failure]().astype(np.float32)}, what
-
-
-def _manifest(directory: Path) -> Manifest:
-    return Manifest.model_validate_json((directory / "manifest.json").read_text())

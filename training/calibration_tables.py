@@ -24,11 +24,11 @@ import numpy as np
 
 from manifest import Manifest
 from training.calibrate import REPORT_COVERAGES, FusedSplit, confidence_noise, evaluate_calibration
-from training.export import exported_evidence
+from training.export import benchmark_model, exported_evidence
 from training.metrics import coverage_band
 from training.protocol import Samples, evaluation_sets
 from training.readers import read_registered
-from training.registry import dataset_spec
+from training.registry import DatasetSpec
 
 LEVELS = (0.9, 0.95)
 
@@ -40,10 +40,10 @@ def calibration_tables(
     missing-view measurement loses)."""
     summary, sets = [], []
     for directory in map(Path, model_dirs):
-        manifest = Manifest.model_validate_json((directory / "manifest.json").read_text())
+        manifest, spec, split_seed = benchmark_model(directory)
         if manifest.calibration is None:
             raise ValueError(f"{directory}: the manifest has no calibration section (schema version 1)")
-        validation, test, missing = _splits(directory, manifest, data_dir, seed=seed)
+        validation, test, missing = _splits(directory, manifest, spec, split_seed, data_dir, seed=seed)
         section = manifest.calibration
         report = evaluate_calibration(section, test, coverages=REPORT_COVERAGES)
         without = evaluate_calibration(section, missing, coverages=LEVELS)
@@ -106,15 +106,21 @@ def _projected(split: FusedSplit) -> np.ndarray:
 
 
 def _splits(
-    directory: Path, manifest: Manifest, data_dir: str | os.PathLike[str], *, seed: int
+    directory: Path,
+    manifest: Manifest,
+    spec: DatasetSpec,
+    split_seed: int,
+    data_dir: str | os.PathLike[str],
+    *,
+    seed: int,
 ) -> tuple[FusedSplit, FusedSplit, FusedSplit]:
-    """The model's validation split and its test split fused as served (clean and conflictive), and the
-    test split's clean samples with one view (drawn by ``seed``) left out."""
-    data = read_registered(dataset_spec(manifest.dataset), data_dir)
+    """The model's validation split and its test split (made by ``split_seed``) fused as served (clean and
+    conflictive), and the test split's clean samples with one view (drawn by ``seed``) left out."""
+    data = read_registered(spec, data_dir)
     raw = dict(data.views)  # the ONNX heads scale inside: they take the raw features
     sets = evaluation_sets(
         data,
-        seed=int(manifest.training["seed"]),
+        seed=split_seed,
         conflictive=("validation", "test"),
         out_of_range_above=manifest.out_of_range.threshold,
     )

@@ -10,6 +10,7 @@ import hashlib
 import logging
 import os
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Mapping
@@ -48,6 +49,9 @@ class DownloadError(RuntimeError):
 
 
 _CHUNK_BYTES = 1 << 20
+# A download slower than this on average is given up: the socket timeout alone lets a server that drips a
+# byte now and then hold the command forever. The largest file (3.5 MB) gets 3.6 minutes beyond the timeout.
+_SLOWEST_BYTES_PER_SECOND = 16 << 10
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
@@ -83,11 +87,12 @@ def _source_url(spec: DatasetSpec, base_urls: str | Mapping[str, str] | None) ->
     return base.rstrip("/") + "/" + spec.file_name
 
 
-def _fetch_verified(url: str, target: Path, sha256: str, timeout: float) -> None:
+def _fetch_verified(url: str, target: Path, sha256: str, size: int, timeout: float) -> None:
     """Stream ``url`` into a temporary file beside ``target``, check it, then rename it into place.
 
     The rename is atomic, so ``target`` is either absent, the old file, or the complete verified download;
-    the temporary file never outlives this call.
+    the temporary file never outlives this call. At most ``size`` + 1 bytes are read, and for at most
+    ``timeout`` seconds plus the time ``size`` bytes take at :data:`_SLOWEST_BYTES_PER_SECOND`.
     """
     try:
         handle, temporary_name = tempfile.mkstemp(
@@ -96,23 +101,39 @@ def _fetch_verified(url: str, target: Path, sha256: str, timeout: float) -> None
     except OSError as error:
         raise DownloadError(f"{target}: cannot be written ({error.strerror or error})") from error
     temporary = Path(temporary_name)
+    deadline = time.monotonic() + timeout + size / _SLOWEST_BYTES_PER_SECOND
     try:
         digest = hashlib.sha256()
         received = 0
         try:
             with os.fdopen(handle, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
                 announced = response.headers.get("Content-Length")
-                while chunk := response.read(_CHUNK_BYTES):
+                if announced is not None and announced.isdigit() and int(announced) != size:
+                    raise DownloadError(
+                        f"{url} announces {announced} bytes for {target}, which has {size}: not fetched"
+                    )
+                # read1: what has arrived, so that the deadline is looked at while a server drips.
+                read = getattr(response, "read1", response.read)
+                while chunk := read(min(_CHUNK_BYTES, size + 1 - received)):
                     digest.update(chunk)
                     out.write(chunk)
                     received += len(chunk)
+                    if received > size:
+                        raise DownloadError(
+                            f"{url} sends more than the {size} bytes of {target}: stopped, discarded"
+                        )
+                    if time.monotonic() > deadline:
+                        raise DownloadError(
+                            f"download of {target} from {url} too slow: {received} of {size} bytes in "
+                            f"{timeout + size / _SLOWEST_BYTES_PER_SECOND:.0f} s, discarded"
+                        )
         except (urllib.error.URLError, HTTPException, OSError) as error:
             raise DownloadError(f"could not fetch {target} from {url}: {error}") from error
         # http.client may end a body cut short without an error; the announced length tells it apart from a
         # corrupt one, which only the digest can.
-        if announced is not None and announced.isdigit() and received != int(announced):
+        if received != size:
             raise DownloadError(
-                f"incomplete download of {target} from {url}: {received} of {announced} bytes, discarded"
+                f"incomplete download of {target} from {url}: {received} of {size} bytes, discarded"
             )
         actual = digest.hexdigest()
         if actual != sha256.lower():
@@ -156,7 +177,8 @@ def download(
         Where to fetch from instead of the specs' URLs: one base URL for every dataset, or a base URL per
         dataset name (others keep their spec's URL). The file name is appended to the base.
     timeout : float
-        Seconds to wait on the network before giving up on a file.
+        Seconds to wait on the network before giving up on a file; a whole file may take as long again as
+        its size at 16 KiB/s.
 
     Returns
     -------
@@ -168,7 +190,8 @@ def download(
     ChecksumError
         A download does not have the expected digest (the message names the file); nothing is kept.
     DownloadError
-        A dataset has no known source or digest, the fetch failed, or the data directory or the file cannot
+        A dataset has no known source, digest or size, the fetch failed, sent more bytes than the file has
+        or sent them too slowly, or the data directory or the file cannot
         be read or written (a file where the directory goes, a directory where the file does).
     """
     specs = [dataset_spec(name) for name in names]
@@ -194,6 +217,10 @@ def download(
             raise DownloadError(
                 f"{spec.name} ({spec.file_name}) has no known SHA-256: refusing an unverified download"
             )
+        if spec.size_bytes is None:  # nothing to stop an endless body at
+            raise DownloadError(
+                f"{spec.name} ({spec.file_name}) has no known size: refusing an unbounded download"
+            )
         if target.is_dir():  # found out once fetched, the file could not take its name
             raise DownloadError(f"{target}: a directory, not the data file; move it away and fetch again")
         if target.is_file():
@@ -208,6 +235,6 @@ def download(
                 fetched.append(target)
                 continue
         _log.info("fetching %s from %s", target, url)
-        _fetch_verified(url, target, spec.sha256, timeout)
+        _fetch_verified(url, target, spec.sha256, spec.size_bytes, timeout)
         fetched.append(target)
     return fetched

@@ -6,13 +6,17 @@ Protocols (``heldout``, the default, and ``paper``, what the authors' code does)
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import functools
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -182,7 +186,7 @@ def summary_table(results: Sequence[Mapping[str, object]], *, metric: str) -> st
     rows = list(dict.fromkeys(_row(r) for r in results))
     label_activation = len({row[1] for row in rows}) > 1
     label_hidden = len({row[2] for row in rows}) > 1
-    lines = ["| | " + " | ".join(datasets_seen) + " |", "|---" * (len(datasets_seen) + 1) + "|"]
+    lines = ["| | " + " | ".join(map(_cell, datasets_seen)) + " |", "|---" * (len(datasets_seen) + 1) + "|"]
     for row in rows:
         method, activation, hidden = row
         cells = []
@@ -193,8 +197,13 @@ def summary_table(results: Sequence[Mapping[str, object]], *, metric: str) -> st
             [f"hidden {','.join(map(str, hidden)) or 'none'}"] if label_hidden else []
         )
         label = method.upper() + (f" ({', '.join(details)})" if details else "")
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append(f"| {_cell(label)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    """``text`` as one markdown table cell: a pipe would open another cell, a line break another row."""
+    return " ".join(text.replace("|", "\\|").split())
 
 
 SUMMARY_SECTIONS = (
@@ -210,6 +219,53 @@ def summary_markdown(results: Sequence[Mapping[str, object]]) -> str:
     return "\n".join(
         f"## {title}\n\n{summary_table(results, metric=metric)}\n" for title, metric in SUMMARY_SECTIONS
     )
+
+
+def read_results(path: str | os.PathLike[str]) -> list[dict[str, object]]:
+    """The records of an experiment's ``results.json`` (:func:`write_results`), checked for what
+    :func:`summary_markdown` reads of them.
+
+    Raises
+    ------
+    ValueError
+        Naming the file and, where one record is at fault, its index and key.
+    OSError
+        Where it cannot be read.
+    """
+    path = Path(path)
+    try:
+        document = json.loads(path.read_text())
+    except RecursionError:  # json's parser recurses once per level of nesting
+        raise ValueError(f"{path}: nested too deeply to be an experiment's results") from None
+    except ValueError as error:
+        raise ValueError(f"{path}: not JSON ({error})") from None
+    records = document.get("results") if isinstance(document, dict) else None
+    if not isinstance(records, list):
+        raise ValueError(f'{path}: no list of results (an object with a list under "results")')
+    for i, record in enumerate(records):
+        problem = _record_problem(record)
+        if problem:
+            raise ValueError(f"{path}: result {i}: {problem}")
+    return records
+
+
+def _record_problem(record: object) -> str | None:
+    """What makes ``record`` unfit for the summary tables, or None."""
+    if not isinstance(record, dict):
+        return "not an object"
+    for key in ("dataset", "method"):
+        if not isinstance(record.get(key), str):
+            return f"{key} is {record.get(key)!r}, not a name"
+    for _, metric in SUMMARY_SECTIONS:
+        value = record.get(metric)
+        if isinstance(value, bool) or not isinstance(value, int | float):  # NaN is a measure: kept
+            return f"{metric} is {value!r}, not a number"
+    if not isinstance(record.get("activation", ""), str):
+        return f"activation is {record['activation']!r}, not a name"
+    hidden = record.get("hidden", [])
+    if not isinstance(hidden, list) or not all(type(width) is int for width in hidden):
+        return f"hidden is {hidden!r}, not a list of layer widths"
+    return None
 
 
 def _row(result: Mapping[str, object]) -> tuple[str, str, tuple[int, ...]]:
@@ -273,23 +329,50 @@ def write_results(
 ) -> Path:
     """``out_dir/results.json`` (each run's :meth:`RunResult.record`), ``results.md`` (the paper's tables),
     ``uncertainties.npz`` (fused uncertainties per run, keyed by index) and the plots of
-    :mod:`training.plots`, where :func:`check_results_dir` allows. Returns the directory."""
+    :mod:`training.plots`, where :func:`check_results_dir` allows. Returns the directory.
+
+    Every file is written beside the others in a hidden staging directory of ``out_dir`` and renamed into
+    place only once all are, under a lock of ``out_dir``; a figure these results do not have is removed. So
+    an interrupted write leaves the earlier results as they were, and of two experiments writing one
+    directory at once, one's files are left, all of them."""
     out = Path(out_dir)
     check_results_dir(out)
     out.mkdir(parents=True, exist_ok=True)
-    records = [result.record() for result in results]
-    document: dict[str, object] = {"results": records}
-    if wall_seconds is not None:
-        document["wall_seconds"] = round(wall_seconds, 3)  # ms: a small grid takes well under 0.1 s
-    (out / "results.json").write_text(json.dumps(document, indent=1) + "\n")
-    (out / "results.md").write_text(summary_markdown(records))
-    arrays = {}
-    for i, result in enumerate(results):  # keyed by the run's index in results.json
-        arrays[f"{i}_normal"] = result.evaluation.u_normal
-        arrays[f"{i}_conflict"] = result.evaluation.u_conflict
-    np.savez_compressed(out / "uncertainties.npz", **arrays)
-    write_plots(out)
+    staging = Path(tempfile.mkdtemp(prefix=".results.", dir=out))
+    try:
+        records = [result.record() for result in results]
+        document: dict[str, object] = {"results": records}
+        if wall_seconds is not None:
+            document["wall_seconds"] = round(wall_seconds, 3)  # ms: a small grid takes well under 0.1 s
+        (staging / "results.json").write_text(json.dumps(document, indent=1) + "\n")
+        (staging / "results.md").write_text(summary_markdown(records))
+        arrays = {}
+        for i, result in enumerate(results):  # keyed by the run's index in results.json
+            arrays[f"{i}_normal"] = result.evaluation.u_normal
+            arrays[f"{i}_conflict"] = result.evaluation.u_conflict
+        np.savez_compressed(staging / "uncertainties.npz", **arrays)
+        write_plots(staging)
+        with _locked(out):
+            check_results_dir(out)  # another writer may have put something else there meanwhile
+            for name in RESULT_FILES:
+                if (staging / name).exists():
+                    os.replace(staging / name, out / name)
+                else:  # an earlier experiment's figure (a lambda sweep), which these results do not draw
+                    (out / name).unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return out
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """An exclusive lock on ``directory`` itself (no lock file left behind), released on leaving."""
+    handle = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(handle)  # releases the lock
 
 
 @functools.lru_cache(maxsize=8)

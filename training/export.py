@@ -33,6 +33,7 @@ from torch import nn
 from manifest import Manifest, ViewEntry
 from training.heads import EVIDENCE_CAP, EvidentialHeads, ViewHead
 from training.protocol import MinMaxScaler
+from training.registry import DATASETS, DatasetSpec
 
 PARITY_TOLERANCE = 1e-4
 _OPSET = 17
@@ -444,6 +445,48 @@ def training_ranges(model_dir: str | os.PathLike[str]) -> dict[str, tuple[np.nda
     return ranges
 
 
+def benchmark_model(model_dir: str | os.PathLike[str]) -> tuple[Manifest, DatasetSpec, int]:
+    """An exported benchmark model's manifest, its dataset's spec and the seed of its split: what measuring
+    it again on that dataset's splits needs (``python -m training calibration`` and ``view-agreement``).
+
+    Raises
+    ------
+    ValueError
+        Naming the model: its manifest is not one, or the model is not of a benchmark dataset as exported (a
+        user's fit of a directory called like one has other views), or it has no seed of its split.
+    OSError
+        Where the manifest cannot be read.
+    """
+    import pydantic
+
+    model_dir = Path(model_dir)
+    path = model_dir / "manifest.json"
+    try:
+        manifest = Manifest.model_validate_json(path.read_text())
+    except pydantic.ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(map(str, first["loc"])) or "the document"
+        raise ValueError(f"{path}: not a model's manifest ({where}: {first['msg']})") from None
+    spec = DATASETS.get(manifest.dataset)
+    if spec is None:
+        raise ValueError(
+            f"{model_dir}: its dataset {manifest.dataset!r} is no benchmark dataset ({', '.join(DATASETS)}): "
+            "only models exported from one can be measured on its splits"
+        )
+    views = tuple(view.name for view in manifest.views)
+    dims = tuple(view.dim for view in manifest.views)
+    if views != spec.view_names or (spec.view_dims is not None and dims != spec.view_dims):
+        raise ValueError(
+            f"{model_dir}: its views {', '.join(views)} are not the {spec.name} benchmark's "
+            f"({', '.join(spec.view_names)}, of dims {spec.view_dims}): only models exported from it can be "
+            "measured on its splits"
+        )
+    seed = manifest.training.get("seed")
+    if type(seed) is not int or seed < 0:  # bool is no seed either
+        raise ValueError(f"{model_dir}: the manifest's training section has no seed of its split ({seed!r})")
+    return manifest, spec, seed
+
+
 def _exported_output(
     model_dir: str | os.PathLike[str], views: Mapping[str, np.ndarray], output: str
 ) -> np.ndarray:
@@ -465,6 +508,7 @@ __all__: Sequence[str] = [
     "CARD_FIGURES",
     "ModelDirError",
     "ParityError",
+    "benchmark_model",
     "check_model_dir",
     "check_parity",
     "exported_evidence",

@@ -67,6 +67,8 @@ class DatasetSpec:
         Caltech101; None keeps all.
     sha256 : str or None
         Hex SHA-256 of the file; None where no digest is known (the file is then never downloaded).
+    size_bytes : int or None
+        The file's length; None where unknown (the file is then never downloaded: a download stops at it).
     url : str or None
         Public download URL; None where no public source is configured.
     licence : str
@@ -86,6 +88,7 @@ class DatasetSpec:
     view_dims: tuple[int, ...] | None = None
     keep_first_classes: int | None = None
     sha256: str | None = None
+    size_bytes: int | None = None
     url: str | None = None
     licence: str = "unknown"
     hyperparameters: Hyperparameters = DEFAULT_HYPERPARAMETERS
@@ -108,8 +111,9 @@ class DatasetSpec:
 
     @property
     def downloadable(self) -> bool:
-        """Whether :func:`download` can fetch the file unaided: a public URL and a digest to check it."""
-        return self.url is not None and self.sha256 is not None
+        """Whether :func:`download` can fetch the file unaided: a public URL, a digest to check it and a
+        length to stop at."""
+        return self.url is not None and self.sha256 is not None and self.size_bytes is not None
 
 
 def _numbered(prefix: str, count: int) -> tuple[str, ...]:
@@ -128,6 +132,7 @@ _SPECS = (
         num_samples=2000,
         view_dims=(240, 76, 216, 47, 64, 6),
         sha256="8a9ad81f11c05fd7f07f1369bcbbaefc3d391bad10d3aa32366bd47d608eb05d",
+        size_bytes=3_484_080,
         url=_DBF_REPOSITORY + "handwritten.mat",
         licence="CC BY 4.0",
         hyperparameters=Hyperparameters(lr=0.003, annealing_step=50, gamma=0.7, weight_decay=1e-5),
@@ -163,6 +168,7 @@ _SPECS = (
         num_samples=4485,
         view_dims=(20, 59, 40),
         sha256="52a71c6c675d5b0c1e07189778716bc52b972b17b58d8156c01422bcce2e4442",
+        size_bytes=3_537_390,
         url=_DBF_REPOSITORY + "scene15_mtv.mat",
         licence="CC BY 4.0",
         hyperparameters=Hyperparameters(lr=0.01, annealing_step=30, gamma=0.5, weight_decay=1e-5),
@@ -178,6 +184,7 @@ _SPECS = (
         num_samples=680,
         view_dims=(484, 256, 279),
         sha256="7b7f5b73b140c9e00d6d9a4ed78e0292b298bd12fbcfb2c96125795c7f8150f8",
+        size_bytes=1_678_062,
         url=_DBF_REPOSITORY + "PIE_face_10.mat",
         licence="non-commercial research only",
         hyperparameters=Hyperparameters(lr=0.003, annealing_step=50, gamma=0.5, weight_decay=1e-5),
@@ -205,6 +212,7 @@ _SPECS = (
         num_samples=600,
         view_dims=(1024, 300),
         sha256="3ab7dc9917c520e6931fa3338cb9c6e8b2f6a4050ca8a25c97360e87d7bbfc3a",
+        size_bytes=3_182_590,
         url=_PROIMP_REPOSITORY + "cub_googlenet_doc2vec_c10.mat",
         licence="research data",
         hyperparameters=Hyperparameters(lr=0.003, annealing_step=10, gamma=1.0, weight_decay=1e-4),

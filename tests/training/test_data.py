@@ -9,6 +9,7 @@ import http.server
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -270,7 +271,7 @@ def _publish(server: _FileServer, content: bytes) -> DatasetSpec:
     """Serve ``content`` as the PIE file, and return a PIE spec whose digest is that content's."""
     spec = DATASETS["pie"]
     (server.root / spec.file_name).write_bytes(content)
-    return dataclasses.replace(spec, sha256=hashlib.sha256(content).hexdigest())
+    return dataclasses.replace(spec, sha256=hashlib.sha256(content).hexdigest(), size_bytes=len(content))
 
 
 def test_download_lands_a_verified_file(file_server: _FileServer, tmp_path: Path):
@@ -331,6 +332,60 @@ def test_present_bad_file_is_replaced(file_server: _FileServer, tmp_path: Path):
 def test_caltech_has_no_public_source(tmp_path: Path):
     with pytest.raises(DownloadError, match="no public source configured"):
         download(["caltech101"], tmp_path)
+
+
+class _HostileServer(http.server.ThreadingHTTPServer):
+    """Answers every request on loopback as ``mode`` says: ``endless`` (a body without end, no length),
+    ``huge`` (10 GiB announced, and sent), ``drip`` (``size`` bytes announced, one every 50 ms)."""
+
+    daemon_threads = True
+
+    def __init__(self, mode: str, size: int) -> None:
+        self.mode, self.size = mode, size
+        super().__init__(("127.0.0.1", 0), _HostileHandler)
+
+
+class _HostileHandler(http.server.BaseHTTPRequestHandler):
+    server: _HostileServer
+
+    def do_GET(self) -> None:
+        drip = self.server.mode == "drip"
+        self.send_response(200)
+        if self.server.mode != "endless":
+            self.send_header("Content-Length", str(self.server.size if drip else 10 << 30))
+        self.end_headers()
+        try:
+            while True:
+                self.wfile.write(b"x" if drip else b"x" * 65536)
+                self.wfile.flush()
+                if drip:
+                    time.sleep(0.05)
+        except OSError:  # the client hung up
+            pass
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("mode", ["endless", "huge", "drip"])
+def test_download_stops_at_the_files_size_and_time(tmp_path: Path, mode: str):
+    """A mirror that sends without end, announces 10 GiB, or drips a byte at a time is given up on, within
+    the file's size and the time it takes at the slowest rate accepted, and nothing is kept."""
+    spec = dataclasses.replace(DATASETS["pie"], sha256="0" * 64, size_bytes=10_000)
+    server = _HostileServer(mode, spec.size_bytes)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    data_dir = tmp_path / "data"
+    started = time.monotonic()
+    try:
+        with pytest.raises(DownloadError, match=r"PIE_face_10\.mat"):
+            download([spec], data_dir, base_urls=f"http://127.0.0.1:{server.server_address[1]}/", timeout=1)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    assert time.monotonic() - started < 10  # the timeout, and 10 kB at 16 KiB/s
+    assert list(data_dir.iterdir()) == []
 
 
 @needs_data

@@ -189,3 +189,92 @@ def test_a_run_trains_with_its_datasets_hyperparameters(data_dir, monkeypatch):
         == DATASETS["cub"].hyperparameters
         != DATASETS["handwritten"].hyperparameters
     )
+
+
+def _results_dir(tmp_path, name: str, text: str):
+    directory = tmp_path / name
+    directory.mkdir()
+    (directory / "results.json").write_text(text)
+    return directory
+
+
+_RECORD = {"dataset": "pie", "method": "dbf", "auc": 0.7, "acc_normal": 0.9, "acc_conflict": 0.5, "ece": 0.1}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[1, 2]",  # not an object
+        '{"results": {"dataset": "pie"}}',  # not a list
+        '{"results": ["pie"]}',  # a record that is no object
+        '{"results": [{"dataset": "pie"}]}',  # no method, no measures
+        json.dumps({"results": [{**_RECORD, "auc": "high"}]}),
+        json.dumps({"results": [{**_RECORD, "auc": True}]}),
+        json.dumps({"results": [{**_RECORD, "hidden": 5}]}),
+        json.dumps({"results": [{**_RECORD, "method": None}]}),
+        "[" * 100_000 + "]" * 100_000,  # deeper than the parser's recursion
+    ],
+    ids=["list", "results-object", "record-string", "no-keys", "text", "bool", "hidden-int", "null", "deep"],
+)
+def test_summarise_names_a_malformed_results_file_without_a_traceback(tmp_path, capsys, text):
+    directory = _results_dir(tmp_path, "bad", text)
+    assert main(["summarise", str(directory)]) == 1
+    err = capsys.readouterr().err
+    assert f"error: {directory / 'results.json'}: " in err and "Traceback" not in err
+
+
+def test_summarise_keeps_each_name_in_its_own_cell(tmp_path, capsys):
+    """A dataset or method name holding a pipe or a line break cannot add cells, rows or headings."""
+    record = {**_RECORD, "dataset": "a|b\n## injected", "method": "dbf|x"}
+    directory = _results_dir(tmp_path, "odd", json.dumps({"results": [record]}))
+    assert main(["summarise", str(directory)]) == 0
+    tables = capsys.readouterr().out
+    assert "\n## injected" not in tables
+    assert "| | a\\|b ## injected |" in tables and "| DBF\\|X | 0.70 ± 0.00 |" in tables
+
+
+def _grid(lambdas=(1.0,)):
+    return run_grid([RunSpec(dataset="synthetic", lam=lam, epochs=2) for lam in lambdas], None, workers=1)
+
+
+def test_results_written_again_leave_no_figure_of_the_earlier_ones(tmp_path):
+    write_results(_grid((0.5, 2.0)), tmp_path)
+    assert (tmp_path / "lambda_sweep.png").is_file()
+    write_results(_grid(), tmp_path)  # one lambda: no sweep to draw
+    assert not (tmp_path / "lambda_sweep.png").exists()
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(
+        [
+            "results.json",
+            "results.md",
+            "uncertainties.npz",
+            "uncertainty_distributions.png",
+            "view_uncertainty.png",
+        ]
+    )
+
+
+def test_interrupted_results_leave_the_earlier_ones_whole(tmp_path, monkeypatch):
+    """Ctrl-C while the figures are drawn: the earlier results, tables and uncertainties stay together."""
+    import training.experiment as experiment
+
+    write_results(_grid((0.5, 2.0)), tmp_path)
+    before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+
+    def interrupted(out_dir):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(experiment, "write_plots", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_results(_grid(), tmp_path)
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
+
+
+@pytest.mark.parametrize("option", ["--dataset", "--methods", "--seeds", "--lambda", "--activation"])
+def test_an_empty_list_in_the_grid_is_refused_naming_the_option(tmp_path, capsys, option):
+    """``--seeds ,`` made a grid of no runs, which ended in max()'s ValueError traceback."""
+    argv = ["experiment", "--dataset", "synthetic", "--epochs", "1", "--workers", "1", "--out", str(tmp_path)]
+    with pytest.raises(SystemExit) as exit:
+        main([*argv, option, ","])
+    assert exit.value.code == 2
+    assert f"{option}: expected at least one" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())

@@ -271,3 +271,35 @@ def test_view_agreement_write_that_fails_leaves_the_manifest_as_it_was(data_dir,
     assert Manifest.model_validate_json((model / "manifest.json").read_text()).view_agreement is not None
     assert sorted(p.name for p in model.iterdir()) == sorted(before)
     assert (model / "manifest.json").stat().st_mode & 0o777 == 0o644  # readable by the service as before
+
+
+def _tampered(tmp_path: Path, change) -> Path:
+    """A copy of the committed CUB model whose manifest ``change`` edits (a dict, in place)."""
+    model = tmp_path / "model"
+    shutil.copytree(MODELS / "cub", model)
+    manifest = json.loads((model / "manifest.json").read_text())
+    change(manifest)
+    (model / "manifest.json").write_text(json.dumps(manifest))
+    return model
+
+
+@pytest.mark.parametrize("command", ["calibration", "view-agreement"])
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        # A user's fit of a directory called pie: measured on the PIE benchmark, it ended in "error: 'image'".
+        (lambda m: m.update(dataset="pie"), "views image, text are not the pie benchmark's"),
+        (lambda m: m.update(dataset="mnist"), "'mnist' is no benchmark dataset"),
+        (lambda m: m["training"].pop("seed"), "no seed of its split"),  # was "error: 'seed'"
+        (lambda m: m["training"].update(seed="abc"), "no seed of its split"),
+        (lambda m: m.update(views=m["views"][:1]), "manifest.json: not a model's manifest"),
+    ],
+    ids=["other-benchmark", "unknown", "no-seed", "text-seed", "invalid"],
+)
+def test_measuring_a_model_not_exported_from_a_benchmark_names_it(tmp_path, capsys, command, change, said):
+    from training.__main__ import main
+
+    model = _tampered(tmp_path, change)
+    assert main([command, str(model), "--data-dir", str(tmp_path / "no-data")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {model}") and said in err and len(err.splitlines()) == 1, err
