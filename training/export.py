@@ -490,16 +490,20 @@ def benchmark_model(model_dir: str | os.PathLike[str]) -> tuple[Manifest, Datase
 def _exported_output(
     model_dir: str | os.PathLike[str], views: Mapping[str, np.ndarray], output: str
 ) -> np.ndarray:
-    """Each view's head's ``output`` on raw features, stacked on axis 1 in the manifest's view order."""
+    """Each view's head's ``output`` on raw features, stacked on axis 1 in the manifest's view order.
+
+    A head whose bytes are not the manifest's SHA-256 is refused (ValueError naming it), as the service
+    refuses it: a figure measured on other heads than the served ones would be another model's."""
     import onnxruntime
 
     model_dir = Path(model_dir)
     manifest = Manifest.model_validate_json((model_dir / "manifest.json").read_text())
     out = []
     for entry in manifest.views:
-        session = onnxruntime.InferenceSession(
-            str(model_dir / entry.file), providers=["CPUExecutionProvider"]
-        )
+        graph = (model_dir / entry.file).read_bytes()
+        if hashlib.sha256(graph).hexdigest() != entry.sha256:
+            raise ValueError(f"{model_dir / entry.file}: not the head its manifest names (checksum mismatch)")
+        session = onnxruntime.InferenceSession(graph, providers=["CPUExecutionProvider"])
         out.append(session.run([output], {"features": np.asarray(views[entry.name], np.float32)})[0])
     return np.stack(out, axis=1)
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime
 import pytest
 import scipy.stats
@@ -303,3 +304,19 @@ def test_measuring_a_model_not_exported_from_a_benchmark_names_it(tmp_path, caps
     assert main([command, str(model), "--data-dir", str(tmp_path / "no-data")]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"error: {model}") and said in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.data
+@pytest.mark.parametrize("command", ["calibration", "view-agreement"])
+def test_a_head_that_is_not_the_one_its_manifest_names_is_refused(data_dir, tmp_path, capsys, command):
+    """As the service refuses it: figures measured on other heads than the served ones are another model's."""
+    from training.__main__ import main
+
+    model = _tampered(tmp_path, lambda manifest: None)
+    head = model / "image.onnx"
+    graph = onnx.load(head)
+    graph.doc_string = "another head"  # a graph that loads and answers, but not the bytes the model names
+    onnx.save(graph, head)
+    assert main([command, str(model), "--data-dir", str(data_dir)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"error: {head}: not the head its manifest names (checksum mismatch)\n"
