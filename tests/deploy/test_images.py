@@ -470,6 +470,25 @@ def test_read_only_root_without_a_tmpfs(cpu_image: Build):
     assert "--workers 2 needs a writable directory" in done.stderr and "--tmpfs /tmp" in done.stderr
 
 
+@pytest.mark.parametrize("limit", [("--cpus", "1"), ("--cpuset-cpus", "0")], ids=["quota", "affinity"])
+def test_a_one_core_container_runs_one_worker_and_one_inference_thread(cpu_image: Build, limit):
+    """`--cpus 1` (a CPU quota: cgroup v2's cpu.max, v1's cpu.cfs_quota_us) or `--cpuset-cpus 0` leaves the
+    service one core, whatever the host has: `--workers auto` starts one worker (the server is PID 1, no
+    worker processes), and the inference threads' default is one too. They were the host's cores: on a
+    cgroup v1 host `--workers auto` ignored the quota, and the threads ignored quota and affinity both."""
+    container, url = serve(
+        f"dbf-serve-test-one-core-{limit[0].strip('-')}", "--workers", "auto",
+        options=(*limit, "--read-only", "--tmpfs", "/tmp"),
+    )  # fmt: skip
+    assert [command for _, _, command in processes(container) if "spawn_main" in command] == []
+    code = "from service.settings import Settings; print(Settings().inference_threads)"
+    assert container.python(code) == "1"  # as the server found it: the same cgroup and affinity
+    answer = httpx.post(f"{url}/predict", json={"samples": samples("handwritten", 2)}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    docker("stop", container.name, timeout=120)
+    assert json.loads(container.state("ExitCode")) == 0, container.logs()
+
+
 # --- the compose stack, at last: the alert ------------------------------------------------------------------
 
 
