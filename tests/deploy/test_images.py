@@ -438,6 +438,21 @@ def test_image_answers_grpc_health(cpu_image: Build):
     assert json.loads(container.state("ExitCode")) == 0, container.logs()
 
 
+def test_image_is_healthy_serving_on_ipv6(cpu_image: Build):
+    """DBF_HOST=::1: the HEALTHCHECK asks the service where it listens, not 127.0.0.1 (where nothing does);
+    read-only, as deploy/k8s runs it. It stayed unhealthy however well the service answered."""
+    port = free_port()
+    env = ("--env", "DBF_HOST=::1", "--env", f"DBF_PORT={port}", "--env", f"DBF_GRPC_PORT={free_port()}")
+    container = run_detached(
+        IMAGE, name="dbf-serve-test-ipv6", options=(*env, "--read-only", "--health-interval", "1s")
+    )
+    url = f"http://[::1]:{port}"
+    wait_for("ready on [::1]", lambda: httpx.get(f"{url}/ready", timeout=2).status_code == 200, timeout=90)
+    health = wait_for("healthy", lambda: json.loads(container.state("Health"))["Status"] == "healthy", 30)
+    assert health, container.state("Health")
+    docker("stop", container.name, timeout=120)
+
+
 def test_read_only_root_with_a_tmpfs_runs_two_workers(cpu_image: Build):
     """The documented way to run read-only with several workers: /tmp on a tmpfs."""
     container, url = serve(
