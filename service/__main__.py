@@ -3,12 +3,24 @@
 
 from __future__ import annotations
 
+import signal
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
+if __name__ == "__main__":
+    # Before the imports below (a second or more): PID 1 in a container gets no signal it has no handler
+    # for, so a `docker stop` (or a pod deleted) while they ran was dropped, and the process killed after
+    # the whole stop timeout. main() sets it again, and uvicorn takes over while it serves.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+
 import argparse
 import atexit
 import ipaddress
 import os
 import shutil
-import signal
 import sys
 import tempfile
 from collections.abc import Callable
@@ -165,10 +177,6 @@ def _workers(text: str) -> int | str:
     if workers < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is neither a number of workers (1 or more) nor auto")
     return workers
-
-
-def _exit_cleanly(signum: int, frame: object) -> None:
-    raise SystemExit(0)
 
 
 if __name__ == "__main__":

@@ -427,6 +427,34 @@ def test_image_serves_as_the_readme_says(cpu_image: Build):
     assert "Finished server process" in logs and "[W:onnxruntime" not in logs, logs
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_docker_stop_while_starting_exits_at_once(cpu_image: Build, workers: str):
+    """`docker stop` while Python is still importing (a second or more, before the models load): PID 1
+    gets no signal it does not handle, and SIGTERM's handler came after those imports, so the signal was
+    dropped, Docker waited out the stop timeout and killed it (exit 137; in Kubernetes, the whole grace
+    period of a pod deleted as it started). It must exit 0 at once."""
+    port = free_port()
+    env = (
+        "--env",
+        "DBF_HOST=127.0.0.1",
+        "--env",
+        f"DBF_PORT={port}",
+        "--env",
+        f"DBF_GRPC_PORT={free_port()}",
+    )
+    options = (*env, "--stop-timeout", "20", "--tmpfs", "/tmp")
+    container = run_detached(
+        IMAGE, "--workers", workers, name=f"dbf-serve-test-stop-{workers}", options=options
+    )
+    container.exec("true")  # started (a tenth of a second or so): Python runs, its imports do
+    began = time.monotonic()
+    docker("stop", container.name, timeout=120)
+    took = time.monotonic() - began
+    state = json.loads(container.state(""))
+    assert state["ExitCode"] == 0 and took < 10, (took, state, container.logs())
+    assert "Uvicorn running" not in container.logs()  # stopped before serving: the case at hand
+
+
 def test_image_answers_grpc_health(cpu_image: Build):
     """The image serves gRPC beside HTTP, at DBF_GRPC_PORT: grpc.health.v1 SERVING once ready (Kubernetes'
     gRPC probe of deploy/k8s and deploy/kserve)."""
