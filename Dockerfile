@@ -52,9 +52,10 @@ USER 10001:10001
 # HTTP (REST: v1 and the Open Inference Protocol) and gRPC (the Open Inference Protocol, grpc.health.v1);
 # DBF_GRPC_PORT=0 turns gRPC off.
 EXPOSE 8000 8081
-# No curl in slim images: Python asks /ready (503, or no answer, is a failure).
+# No curl in slim images: Python asks /ready (503, or no answer, is a failure) where DBF_HOST and DBF_PORT
+# say the service listens (the loopback for a wildcard; ::1 for ::, which is IPv6 alone).
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/ready' % os.environ.get('DBF_PORT', '8000'), timeout=4)"]
+    CMD ["python", "-m", "service.healthcheck", "/ready"]
 # Exec form: Python (uvicorn's server) is PID 1 and gets SIGTERM itself, then lets requests in flight finish
 # for DBF_GRACEFUL_SHUTDOWN_SECONDS. Arguments after the image name are passed on (e.g. --workers 4).
 ENTRYPOINT ["python", "-m", "service"]
@@ -106,5 +107,5 @@ ENV PATH=/opt/venv/bin:$PATH \
 USER 10001:10001
 EXPOSE 8000 8081
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/ready' % os.environ.get('DBF_PORT', '8000'), timeout=4)"]
+    CMD ["python", "-m", "service.healthcheck", "/ready"]
 ENTRYPOINT ["python", "-m", "service"]

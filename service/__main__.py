@@ -3,12 +3,24 @@
 
 from __future__ import annotations
 
+import signal
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
+if __name__ == "__main__":
+    # Before the imports below (a second or more): PID 1 in a container gets no signal it has no handler
+    # for, so a `docker stop` (or a pod deleted) while they ran was dropped, and the process killed after
+    # the whole stop timeout. main() sets it again, and uvicorn takes over while it serves.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+
 import argparse
 import atexit
 import ipaddress
 import os
 import shutil
-import signal
 import sys
 import tempfile
 from collections.abc import Callable
@@ -19,7 +31,7 @@ from pydantic import ValidationError
 
 from service.repository import ModelLoadError, handed_placements, load_repository
 from service.server import supervise, uvicorn_options
-from service.settings import Settings, unknown_variables
+from service.settings import Settings, available_cores, unknown_variables
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -165,23 +177,6 @@ def _workers(text: str) -> int | str:
     if workers < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is neither a number of workers (1 or more) nor auto")
     return workers
-
-
-def available_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
-    """The cores this process may run on: its CPU affinity, or its cgroup's CPU quota (``cpu.max``, as a
-    container's ``--cpus`` or a pod's CPU limit sets it) rounded up, if lower."""
-    cores = len(os.sched_getaffinity(0))
-    try:
-        quota, period = (cgroup / "cpu.max").read_text().split()
-    except (OSError, ValueError):  # no cgroup v2 here, or not readable
-        return cores
-    if quota == "max":
-        return cores
-    return max(1, min(cores, -(-int(quota) // int(period))))
-
-
-def _exit_cleanly(signum: int, frame: object) -> None:
-    raise SystemExit(0)
 
 
 if __name__ == "__main__":

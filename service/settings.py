@@ -143,8 +143,12 @@ class Settings(BaseSettings):
     # and concurrency comes from running batches in parallel (inference_threads), so per-session pools would
     # only oversubscribe the cores.
     onnx_threads: int = Field(default=1, ge=1, description="threads of each view's onnxruntime session")
+    # The cores this process may use, not the host's: a container's --cpus or a pod's CPU limit would
+    # otherwise get a thread per core of the machine, and be throttled.
     inference_threads: int = Field(
-        default_factory=lambda: os.cpu_count() or 1, ge=1, description="batches run at once (the cores)"
+        default_factory=lambda: available_cores(),
+        ge=1,
+        description="batches run at once (the cores this process may use: affinity, cgroup CPU quota)",
     )
     log_level: Literal["debug", "info", "warning", "error", "critical"] = Field(
         default="info", description="debug, info, warning, error or critical (any case)"
@@ -199,6 +203,28 @@ class Settings(BaseSettings):
                 "send it as a bearer token; use letters, digits and punctuation"
             )
         return SecretStr(stripped)
+
+
+def available_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """The cores this process may run on: its CPU affinity, or its cgroup's CPU quota rounded up, if lower (as
+    a container's ``--cpus`` or a pod's CPU limit sets it: cgroup v2's ``cpu.max``, or v1's
+    ``cpu/cpu.cfs_quota_us`` over ``cpu.cfs_period_us``, still the hierarchy of many hosts)."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        quota, period = (cgroup / "cpu.max").read_text().split()
+    except (OSError, ValueError):  # no cgroup v2 here, or not readable: v1's files, if any
+        try:
+            quota = (cgroup / "cpu" / "cpu.cfs_quota_us").read_text().strip()
+            period = (cgroup / "cpu" / "cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            return cores
+    try:
+        quota_us, period_us = int(quota), int(period)  # "max" (v2) is no quota; so is -1 (v1)
+    except ValueError:
+        return cores
+    if quota_us <= 0 or period_us <= 0:
+        return cores
+    return max(1, min(cores, -(-quota_us // period_us)))
 
 
 # DBF_* variables read by others than the service: fit's data directory, and the test suite's knobs.

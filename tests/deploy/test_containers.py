@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -300,6 +301,28 @@ def test_the_image_command_answers_grpc_health(tmp_path):
         assert grpc_health(grpc_port) == "SERVING"
     finally:
         stop(process)
+
+
+def ipv6_loopback() -> bool:
+    """Whether ::1 can be listened on here (IPv6 may be off)."""
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+def test_the_image_healthcheck_asks_the_address_the_service_listens_on(tmp_path):
+    """DBF_HOST=::1 (IPv6 loopback; `::`, IPv6's wildcard, listens on IPv6 alone too): the HEALTHCHECK asks
+    there. It asked 127.0.0.1 whatever DBF_HOST said, and a container serving on IPv6 never became healthy."""
+    if not ipv6_loopback():
+        pytest.skip("no IPv6 loopback here")
+    stage = BY_NAME["cpu"]
+    env = {**mapped_env(stage, free_port(), free_port()), "DBF_HOST": "::1"}
+    process, _ = start_image_command(stage, env, tmp_path)  # fails unless the healthcheck passes
+    stop(process)
+    assert not healthy(stage, env)
 
 
 def healthy(stage: dockerfile.Stage, env: dict[str, str]) -> bool:

@@ -427,6 +427,34 @@ def test_image_serves_as_the_readme_says(cpu_image: Build):
     assert "Finished server process" in logs and "[W:onnxruntime" not in logs, logs
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_docker_stop_while_starting_exits_at_once(cpu_image: Build, workers: str):
+    """`docker stop` while Python is still importing (a second or more, before the models load): PID 1
+    gets no signal it does not handle, and SIGTERM's handler came after those imports, so the signal was
+    dropped, Docker waited out the stop timeout and killed it (exit 137; in Kubernetes, the whole grace
+    period of a pod deleted as it started). It must exit 0 at once."""
+    port = free_port()
+    env = (
+        "--env",
+        "DBF_HOST=127.0.0.1",
+        "--env",
+        f"DBF_PORT={port}",
+        "--env",
+        f"DBF_GRPC_PORT={free_port()}",
+    )
+    options = (*env, "--stop-timeout", "20", "--tmpfs", "/tmp")
+    container = run_detached(
+        IMAGE, "--workers", workers, name=f"dbf-serve-test-stop-{workers}", options=options
+    )
+    container.exec("true")  # started (a tenth of a second or so): Python runs, its imports do
+    began = time.monotonic()
+    docker("stop", container.name, timeout=120)
+    took = time.monotonic() - began
+    state = json.loads(container.state(""))
+    assert state["ExitCode"] == 0 and took < 10, (took, state, container.logs())
+    assert "Uvicorn running" not in container.logs()  # stopped before serving: the case at hand
+
+
 def test_image_answers_grpc_health(cpu_image: Build):
     """The image serves gRPC beside HTTP, at DBF_GRPC_PORT: grpc.health.v1 SERVING once ready (Kubernetes'
     gRPC probe of deploy/k8s and deploy/kserve)."""
@@ -436,6 +464,21 @@ def test_image_answers_grpc_health(cpu_image: Build):
     assert grpc_health(grpc_port) == "SERVING"
     docker("stop", container.name, timeout=120)
     assert json.loads(container.state("ExitCode")) == 0, container.logs()
+
+
+def test_image_is_healthy_serving_on_ipv6(cpu_image: Build):
+    """DBF_HOST=::1: the HEALTHCHECK asks the service where it listens, not 127.0.0.1 (where nothing does);
+    read-only, as deploy/k8s runs it. It stayed unhealthy however well the service answered."""
+    port = free_port()
+    env = ("--env", "DBF_HOST=::1", "--env", f"DBF_PORT={port}", "--env", f"DBF_GRPC_PORT={free_port()}")
+    container = run_detached(
+        IMAGE, name="dbf-serve-test-ipv6", options=(*env, "--read-only", "--health-interval", "1s")
+    )
+    url = f"http://[::1]:{port}"
+    wait_for("ready on [::1]", lambda: httpx.get(f"{url}/ready", timeout=2).status_code == 200, timeout=90)
+    health = wait_for("healthy", lambda: json.loads(container.state("Health"))["Status"] == "healthy", 30)
+    assert health, container.state("Health")
+    docker("stop", container.name, timeout=120)
 
 
 def test_read_only_root_with_a_tmpfs_runs_two_workers(cpu_image: Build):
@@ -468,6 +511,25 @@ def test_read_only_root_without_a_tmpfs(cpu_image: Build):
     )  # fmt: skip
     assert done.returncode == 1, (done.stdout, done.stderr)
     assert "--workers 2 needs a writable directory" in done.stderr and "--tmpfs /tmp" in done.stderr
+
+
+@pytest.mark.parametrize("limit", [("--cpus", "1"), ("--cpuset-cpus", "0")], ids=["quota", "affinity"])
+def test_a_one_core_container_runs_one_worker_and_one_inference_thread(cpu_image: Build, limit):
+    """`--cpus 1` (a CPU quota: cgroup v2's cpu.max, v1's cpu.cfs_quota_us) or `--cpuset-cpus 0` leaves the
+    service one core, whatever the host has: `--workers auto` starts one worker (the server is PID 1, no
+    worker processes), and the inference threads' default is one too. They were the host's cores: on a
+    cgroup v1 host `--workers auto` ignored the quota, and the threads ignored quota and affinity both."""
+    container, url = serve(
+        f"dbf-serve-test-one-core-{limit[0].strip('-')}", "--workers", "auto",
+        options=(*limit, "--read-only", "--tmpfs", "/tmp"),
+    )  # fmt: skip
+    assert [command for _, _, command in processes(container) if "spawn_main" in command] == []
+    code = "from service.settings import Settings; print(Settings().inference_threads)"
+    assert container.python(code) == "1"  # as the server found it: the same cgroup and affinity
+    answer = httpx.post(f"{url}/predict", json={"samples": samples("handwritten", 2)}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    docker("stop", container.name, timeout=120)
+    assert json.loads(container.state("ExitCode")) == 0, container.logs()
 
 
 # --- the compose stack, at last: the alert ------------------------------------------------------------------

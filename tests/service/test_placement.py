@@ -285,6 +285,18 @@ def test_workers_auto_takes_the_cores_this_process_may_use(tmp_path, quota, expe
     assert available_cores(tmp_path / "absent") == cores
 
 
+@pytest.mark.parametrize(("quota", "expected"), [("50000", 1), ("150000", 2), ("-1", None)])
+def test_workers_auto_reads_a_cgroup_v1_quota_too(tmp_path, quota, expected):
+    """cgroup v1 (no cpu.max): the quota is cpu/cpu.cfs_quota_us over cpu.cfs_period_us, -1 for none.
+    The default inference threads are the same count."""
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text(quota + "\n")
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    cores = len(os.sched_getaffinity(0))
+    assert available_cores(tmp_path) == min(cores, expected or cores)
+    assert Settings().inference_threads == available_cores()
+
+
 def test_workers_must_be_a_number_or_auto():
     done = start_and_fail("--model-dir", str(MODELS / "scene15"), "--workers", "all")
     assert done.returncode == 2 and "'all' is neither a number of workers (1 or more) nor auto" in done.stderr
