@@ -209,6 +209,8 @@ def available_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
     """The cores this process may run on: its CPU affinity, or its cgroup's CPU quota rounded up, if lower (as
     a container's ``--cpus`` or a pod's CPU limit sets it: cgroup v2's ``cpu.max``, or v1's
     ``cpu/cpu.cfs_quota_us`` over ``cpu.cfs_period_us``, still the hierarchy of many hosts)."""
+    if not hasattr(os, "sched_getaffinity"):  # macOS and Windows: no affinity, no cgroups
+        return os.cpu_count() or 1
     cores = len(os.sched_getaffinity(0))
     try:
         quota, period = (cgroup / "cpu.max").read_text().split()

@@ -297,6 +297,13 @@ def test_workers_auto_reads_a_cgroup_v1_quota_too(tmp_path, quota, expected):
     assert Settings().inference_threads == available_cores()
 
 
+def test_without_cpu_affinity_the_cores_are_the_machines(tmp_path, monkeypatch):
+    """macOS and Windows have no ``sched_getaffinity`` (nor cgroups): the service still starts there."""
+    monkeypatch.delattr(os, "sched_getaffinity")
+    assert available_cores(tmp_path) == (os.cpu_count() or 1)
+    assert Settings().inference_threads == (os.cpu_count() or 1)
+
+
 def test_workers_must_be_a_number_or_auto():
     done = start_and_fail("--model-dir", str(MODELS / "scene15"), "--workers", "all")
     assert done.returncode == 2 and "'all' is neither a number of workers (1 or more) nor auto" in done.stderr
