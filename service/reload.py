@@ -57,7 +57,11 @@ def serve(plane: DataPlane, repository: Repository) -> None:
     plane.repository = repository
     # The application and its models live on: keep them out of the garbage collector's full passes, which
     # otherwise walk every object at each one (a stalled event loop: the p99 latency under load).
-    # Frozen objects are still freed by reference counting when a reload drops them.
+    # Frozen objects are still freed by reference counting when a reload drops them, but never by the
+    # collector: the calls in flight at the last freeze, whose objects make reference cycles once they end
+    # (a gRPC call's context and state), are unfrozen to be collected now (else each reload under load kept
+    # a few calls' for good).
+    gc.unfreeze()
     _free_memory()
     gc.freeze()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import shutil
@@ -12,11 +13,14 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import grpc
 import httpx
 import pytest
 
-from tests.service.conftest import MODELS, running_service, service_process, serving
+from service.proto import grpc_predict_v2_pb2 as pb
+from tests.service.conftest import MODELS, free_port, running_service, service_process, serving
 from tests.service.test_connections import holder, served_connection
 from tests.service.test_service import HANDWRITTEN_DIMS, metric, zeros_sample
 
@@ -544,3 +548,49 @@ def test_a_change_refused_because_its_load_took_too_long_is_loaded_by_the_watche
         assert models(url) == ["handwritten"]
         mount_back.set()
         eventually(lambda: models(url) == ["handwritten", "pie"], "the watcher never loaded the change")
+
+
+def test_calls_in_flight_at_a_reload_are_freed_once_they_end():
+    """A reload freezes what lives then (``gc.freeze``: the new models kept out of the collector's full
+    passes), the objects of calls in flight too; a gRPC call's make reference cycles once it ends (its
+    context, its state, the abort's traceback), and the collector never looked in the permanent generation
+    again: a soak of 3,000 mixed requests with 300 reloads left 5,700 such objects there for good, 431
+    calls' states and contexts (each reload under load kept a few more). Now each reload first collects
+    what the one before froze and has since died: a reload keeps only what lived at the last one."""
+    port = free_port()
+
+    async def a_call_across_a_reload(url: str) -> str:
+        sent = asyncio.Event()
+
+        async def message() -> Any:
+            await sent.wait()
+            yield pb.ModelInferRequest(model_name="no-such-model").SerializeToString()
+
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel, httpx.AsyncClient() as client:
+            call = channel.stream_unary("/inference.GRPCInferenceService/ModelInfer")(message(), timeout=30)
+            await call.wait_for_connection()
+            assert (await client.post(url + "/v1/admin/reload", timeout=60)).status_code == 200
+            sent.set()
+            with pytest.raises(grpc.aio.AioRpcError) as ended:
+                await call
+            return ended.value.code().name
+
+    with serving(MODELS / "handwritten", grpc_port=port) as url:
+        codes = [asyncio.run(a_call_across_a_reload(url)) for _ in range(5)]
+        for _ in range(2):  # the first may find the last call's objects still alive, and freeze them
+            assert httpx.post(url + "/v1/admin/reload", timeout=60).status_code == 200
+        gc.collect()  # every generation but the frozen one
+        gc.unfreeze()
+        try:
+            frozen = server_contexts()
+            gc.collect()
+            kept = frozen - server_contexts()  # frozen, and garbage
+        finally:
+            gc.freeze()
+    assert codes == ["NOT_FOUND"] * 5
+    assert not kept, f"{kept} calls' contexts kept frozen after their calls ended"
+
+
+def server_contexts() -> int:
+    """gRPC server calls' contexts among the objects the collector tracks."""
+    return sum(type(o).__name__ == "_ServicerContext" for o in gc.get_objects())
