@@ -20,7 +20,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DBF_")
 
     host: str = Field(default="127.0.0.1", description="address to listen on (0.0.0.0: every interface)")
-    port: int = Field(default=8000, ge=0, le=65535, description="HTTP port")
+    port: int = Field(default=8000, ge=1, le=65535, description="HTTP port")
     # The Open Inference Protocol over gRPC (service/grpc_server.py), on DBF_HOST too; 8081 as KServe's and
     # MLServer's. 0 serves no gRPC.
     grpc_port: int = Field(default=8081, ge=0, le=65535, description="gRPC port; 0: no gRPC")
