@@ -131,7 +131,10 @@ class Settings(BaseSettings):
     # Where the heads run (service.placement): auto times each model's heads at load on every provider that
     # can run them (CUDA where it works, the CPU) and runs each batch where its size ran fastest; cuda or
     # cpu puts every batch there (cuda refuses to start when CUDA cannot run the heads).
-    device: Literal["auto", "cuda", "cpu"] = "auto"
+    device: Literal["auto", "cuda", "cpu"] = Field(
+        default="auto",
+        description="where the heads run: auto (each batch where it ran fastest at load), cuda or cpu",
+    )
     # Placements measured already (service.repository.handed_placements): python -m service --workers N
     # measures once and hands them to its workers. A model not in it, or whose heads changed, is measured.
     placement: str | None = Field(default=None, description="placements measured already (JSON; internal)")
