@@ -20,7 +20,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DBF_")
 
     host: str = Field(default="127.0.0.1", description="address to listen on (0.0.0.0: every interface)")
-    port: int = Field(default=8000, ge=0, le=65535, description="HTTP port")
+    port: int = Field(default=8000, ge=1, le=65535, description="HTTP port")
     # The Open Inference Protocol over gRPC (service/grpc_server.py), on DBF_HOST too; 8081 as KServe's and
     # MLServer's. 0 serves no gRPC.
     grpc_port: int = Field(default=8081, ge=0, le=65535, description="gRPC port; 0: no gRPC")
@@ -131,7 +131,10 @@ class Settings(BaseSettings):
     # Where the heads run (service.placement): auto times each model's heads at load on every provider that
     # can run them (CUDA where it works, the CPU) and runs each batch where its size ran fastest; cuda or
     # cpu puts every batch there (cuda refuses to start when CUDA cannot run the heads).
-    device: Literal["auto", "cuda", "cpu"] = "auto"
+    device: Literal["auto", "cuda", "cpu"] = Field(
+        default="auto",
+        description="where the heads run: auto (each batch where it ran fastest at load), cuda or cpu",
+    )
     # Placements measured already (service.repository.handed_placements): python -m service --workers N
     # measures once and hands them to its workers. A model not in it, or whose heads changed, is measured.
     placement: str | None = Field(default=None, description="placements measured already (JSON; internal)")
