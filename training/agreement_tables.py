@@ -26,7 +26,12 @@ import numpy as np
 
 from manifest import Manifest
 from training.calibrate import FusedSplit, agreeing_views, view_agreement
-from training.export import benchmark_model, exported_evidence, exported_range_excess
+from training.export import (
+    STAGED_MANIFEST_PREFIX,
+    benchmark_model,
+    exported_evidence,
+    exported_range_excess,
+)
 from training.protocol import EvaluationSets, Samples, evaluation_sets
 from training.readers import read_registered
 
@@ -56,16 +61,17 @@ def measured_agreement(directory: str | os.PathLike[str], data_dir: str | os.Pat
 def write_agreement(directory: str | os.PathLike[str], data_dir: str | os.PathLike[str]) -> Manifest:
     """:func:`measured_agreement`, written into the model's ``manifest.json``."""
     manifest = measured_agreement(directory, data_dir)
-    _replace_file(Path(directory) / "manifest.json", manifest.json_text().encode())
+    _replace_manifest(Path(directory) / "manifest.json", manifest.json_text().encode())
     return manifest
 
 
-def _replace_file(path: Path, content: bytes) -> None:
-    """Make ``content`` the file ``path``, whole or not at all: written beside it under a hidden name (which
-    the service's watcher does not read), then renamed over it. Written in place, a write that failed half-way
-    (a full disk, a kill) left a truncated manifest: a served model that no longer loaded."""
+def _replace_manifest(path: Path, content: bytes) -> None:
+    """Make ``content`` the manifest ``path``, whole or not at all: written beside it under a hidden name
+    (which the service's watcher does not read, and a fit replaces with the model), then renamed over it.
+    Written in place, a write that failed half-way (a full disk, a kill) left a truncated manifest: a served
+    model that no longer loaded."""
     path = path.resolve()  # a linked manifest: its target rewritten, as written in place it was
-    handle, staged = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    handle, staged = tempfile.mkstemp(prefix=STAGED_MANIFEST_PREFIX, dir=path.parent)
     try:
         with os.fdopen(handle, "wb") as out:
             out.write(content)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
 import functools
 import json
 import os
@@ -202,8 +201,9 @@ def summary_table(results: Sequence[Mapping[str, object]], *, metric: str) -> st
 
 
 def _cell(text: str) -> str:
-    """``text`` as one markdown table cell: a pipe would open another cell, a line break another row."""
-    return " ".join(text.replace("|", "\\|").split())
+    """``text`` as one markdown table cell: a pipe would open another cell, a line break another row, a
+    backslash escape the pipe after it."""
+    return " ".join(text.replace("\\", "\\\\").replace("|", "\\|").split())
 
 
 SUMMARY_SECTIONS = (
@@ -333,8 +333,9 @@ def write_results(
 
     Every file is written beside the others in a hidden staging directory of ``out_dir`` and renamed into
     place only once all are, under a lock of ``out_dir``; a figure these results do not have is removed. So
-    an interrupted write leaves the earlier results as they were, and of two experiments writing one
-    directory at once, one's files are left, all of them."""
+    an interrupt while the files are made (nearly all of the writing's time) leaves the earlier results as
+    they were, and of two experiments writing one directory at once, one's files are left, all of them; an
+    interrupt among the renames themselves (microseconds) can still leave some of each."""
     out = Path(out_dir)
     check_results_dir(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -366,7 +367,13 @@ def write_results(
 
 @contextlib.contextmanager
 def _locked(directory: Path) -> Iterator[None]:
-    """An exclusive lock on ``directory`` itself (no lock file left behind), released on leaving."""
+    """An exclusive lock on ``directory`` itself (no lock file left behind), released on leaving; none where
+    the system has no ``flock`` (Windows opens no directory)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
     handle = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(handle, fcntl.LOCK_EX)

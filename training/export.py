@@ -44,6 +44,9 @@ CARD_FIGURES = ("reliability.png", "coverage.png", "uncertainty.png", "training.
 # What a model directory holds beside its manifest's ONNX files: the manifest, and the card and its figures.
 # By name, not a pattern: a folder of pictures with a manifest.json put in it is not a model to replace.
 _MODEL_FILES = ("manifest.json", "card.md", *CARD_FIGURES)
+STAGED_MANIFEST_PREFIX = ".manifest.json."
+"""A new manifest written beside the old one before it is renamed over it (``view-agreement --write``): one
+left by a killed run is part of the model directory, replaced with it."""
 
 # The longest name a file system takes for one file or directory where it does not say: that of Linux' and
 # macOS' own file systems.
@@ -199,7 +202,8 @@ def check_model_dir(out_dir: str | os.PathLike[str], *, data: str | os.PathLike[
         )
     heads = {view.file for view in manifest.views}
     for entry in sorted(out.iterdir()):
-        known = entry.name in heads or entry.name in _MODEL_FILES
+        staged = entry.name.startswith(STAGED_MANIFEST_PREFIX)
+        known = entry.name in heads or entry.name in _MODEL_FILES or staged
         if not known or entry.is_symlink() or not entry.is_file():
             raise ModelDirError(
                 f"{out}: holds {entry.name}, which a model directory does not, so it is not replaced: move "
@@ -341,8 +345,10 @@ def _flush_to_disk(directory: Path, *, files: bool = True) -> None:
     if files:
         for entry in directory.iterdir():
             if entry.is_file() and not entry.is_symlink():
-                with entry.open("rb") as written:
+                with entry.open("r+b") as written:  # Windows syncs only a handle open for writing
                     os.fsync(written.fileno())
+    if os.name == "nt":  # no directory can be opened there, and NTFS journals its renames
+        return
     descriptor = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         os.fsync(descriptor)

@@ -224,13 +224,15 @@ def test_summarise_names_a_malformed_results_file_without_a_traceback(tmp_path, 
 
 
 def test_summarise_keeps_each_name_in_its_own_cell(tmp_path, capsys):
-    """A dataset or method name holding a pipe or a line break cannot add cells, rows or headings."""
+    """A dataset or method name holding a pipe, a line break or a last backslash (which would escape the
+    pipe after it) cannot add cells, rows or headings."""
     record = {**_RECORD, "dataset": "a|b\n## injected", "method": "dbf|x"}
-    directory = _results_dir(tmp_path, "odd", json.dumps({"results": [record]}))
+    other = {**_RECORD, "dataset": "c\\", "method": "dbf|x"}
+    directory = _results_dir(tmp_path, "odd", json.dumps({"results": [record, other]}))
     assert main(["summarise", str(directory)]) == 0
     tables = capsys.readouterr().out
     assert "\n## injected" not in tables
-    assert "| | a\\|b ## injected |" in tables and "| DBF\\|X | 0.70 ± 0.00 |" in tables
+    assert "| | a\\|b ## injected | c\\\\ |" in tables and "| DBF\\|X | 0.70 ± 0.00 | 0.70 ± 0.00 |" in tables
 
 
 def _grid(lambdas=(1.0,)):

@@ -299,6 +299,17 @@ def test_a_model_is_replaced_by_the_new_fit(data, tmp_path):
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["pets"]  # nothing retired left
 
 
+def test_a_manifest_left_staged_by_a_killed_view_agreement_write_is_replaced_with_the_model(data, tmp_path):
+    """``view-agreement --write`` stages the new manifest beside the old (``.manifest.json.*``); killed
+    before its rename, it left a file that made the model's folder no model's for every later fit."""
+    model = tmp_path / "models" / "pets"
+    assert fit("--data", data, "--out", model, *QUICK) == 0
+    (model / ".manifest.json.k7x2q9").write_text('{"half": ')
+    assert fit("--data", data, "--out", model, "--seed", "1", *QUICK) == 0
+    assert read_manifest(model).training["seed"] == 1
+    assert not (model / ".manifest.json.k7x2q9").exists()
+
+
 def test_a_folder_made_at_out_during_training_is_not_replaced(tmp_path):
     from training.data import synthetic
     from training.export import ModelDirError
