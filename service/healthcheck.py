@@ -5,6 +5,8 @@ library only, so that it starts fast.
 
 >>> ready_url({"DBF_HOST": "::", "DBF_PORT": "9000"})
 'http://[::1]:9000/ready'
+>>> ready_url({"DBF_PORT": " 9000.0 "})
+'http://127.0.0.1:9000/ready'
 """
 
 from __future__ import annotations
@@ -24,7 +26,20 @@ def ready_url(environ: Mapping[str, str], path: str = "/ready") -> str:
     host = LOOPBACK.get(host, host)
     if ":" in host:
         host = f"[{host}]"
-    return f"http://{host}:{environ.get('DBF_PORT', '8000')}{path}"
+    return f"http://{host}:{_port(environ.get('DBF_PORT', '8000'))}{path}"
+
+
+def _port(text: str) -> int | str:
+    """``DBF_PORT`` as the service's settings read it (spaces around, ``8000.0``); the text as it is where it
+    is not a number (the request fails, saying so)."""
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            number = float(text)
+        except ValueError:
+            return text
+        return int(number) if number.is_integer() else text
 
 
 def main(argv: list[str]) -> None:

@@ -62,20 +62,10 @@ class ModelDirError(ValueError):
     model cannot be written there (a name too long, no permission, a full disk)."""
 
 
-def head_to_onnx(head: ViewHead, minimum: np.ndarray, maximum: np.ndarray, *, view: str):
-    """The ONNX graph of ``head`` with min-max scaling (``minimum``, ``maximum`` per feature) in front.
-
-    Input ``features`` float32 ``(batch, dim)``; outputs ``evidence`` float32 ``(batch, K)`` and
-    ``range_excess`` float32 ``(batch,)``: the root mean square, over the features that vary in training, of
-    each feature's distance outside its training range in units of that range's span (0 for a sample inside
-    the range; constant features never count). The root mean square rather than the largest distance: in
-    wide views of heavy-tailed features (CUB's image embedding) a clean test sample can have one feature
-    farther out than any feature of the docs' nonsense example (docs/api/v1.md), several of whose features
-    lie below anything seen; the mean over the features tells the two apart (docs/operations/limits.md has
-    the figures).
-    """
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+def _scaling_and_range_excess(minimum: np.ndarray, maximum: np.ndarray) -> tuple[dict[str, np.ndarray], list]:
+    """The constants and nodes of a head's graph that scale ``features`` (to ``h0``) and give ``range_excess``
+    (see :func:`head_to_onnx`)."""
+    from onnx import helper
 
     span = np.asarray(maximum, np.float64) - np.asarray(minimum, np.float64)
     # The scaler maps constant features to 0: multiply by 0 there instead of dividing by 0.
@@ -98,6 +88,56 @@ def head_to_onnx(head: ViewHead, minimum: np.ndarray, maximum: np.ndarray, *, vi
         helper.make_node("Mul", ["outside_squared", "inverse_varying"], ["outside_mean_square"]),
         helper.make_node("Sqrt", ["outside_mean_square"], ["range_excess"]),
     ]
+    return constants, nodes
+
+
+def range_excess_session(minimum: np.ndarray, maximum: np.ndarray):
+    """An onnxruntime session (CPU) whose ``range_excess`` of raw float32 ``features`` is, to the bit, that of
+    a head exported with the training range ``minimum``, ``maximum`` (:func:`head_to_onnx`): the float32
+    arithmetic the service compares with the manifest's ``out_of_range`` threshold."""
+    import onnx
+    import onnxruntime
+    from onnx import TensorProto, helper, numpy_helper
+
+    constants, nodes = _scaling_and_range_excess(minimum, maximum)
+    graph = helper.make_graph(
+        nodes,
+        "range_excess",
+        [
+            helper.make_tensor_value_info(
+                "features", TensorProto.FLOAT, ["batch", int(constants["minimum"].size)]
+            )
+        ],
+        [helper.make_tensor_value_info("range_excess", TensorProto.FLOAT, ["batch"])],
+        initializer=[numpy_helper.from_array(value, name) for name, value in constants.items()],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", _OPSET)],
+        producer_name="dbf-serve",
+        ir_version=_IR_VERSION,
+    )
+    onnx.checker.check_model(model, full_check=True)
+    return onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def head_to_onnx(head: ViewHead, minimum: np.ndarray, maximum: np.ndarray, *, view: str):
+    """The ONNX graph of ``head`` with min-max scaling (``minimum``, ``maximum`` per feature) in front.
+
+    Input ``features`` float32 ``(batch, dim)``; outputs ``evidence`` float32 ``(batch, K)`` and
+    ``range_excess`` float32 ``(batch,)``: the root mean square, over the features that vary in training, of
+    each feature's distance outside its training range in units of that range's span (0 for a sample inside
+    the range; constant features never count). The root mean square rather than the largest distance: in
+    wide views of heavy-tailed features (CUB's image embedding) a clean test sample can have one feature
+    farther out than any feature of the docs' nonsense example (docs/api/v1.md), several of whose features
+    lie below anything seen; the mean over the features tells the two apart (docs/operations/limits.md has
+    the figures).
+    """
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    constants, nodes = _scaling_and_range_excess(minimum, maximum)
+    inverse_span = constants["inverse_span"]
     linears = [module for module in head.net if isinstance(module, nn.Linear)]
     current = "h0"
     for i, linear in enumerate(linears):

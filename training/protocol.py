@@ -577,17 +577,23 @@ def evaluation_sets(
         scaler = MinMaxScaler.fit(data.views, present=present)
     else:
         raise ValueError(f"unknown protocol {protocol!r}; expected 'heldout' or 'paper'")
-    scaled = scaler.transform(data.views, in_place=in_place)
-    if present is not None:
-        for v, matrix in enumerate(scaled.values()):
-            matrix[~present[:, v]] = 0.0
+    beyond = None
     if out_of_range_above is not None:
         if protocol != "heldout":
             raise ValueError(
                 "out_of_range_above is for the 'heldout' protocol: the paper's scales on every sample"
             )
+        # On the raw features, before scaling (in place, it overwrites them), as the served heads see them.
         held_out = np.concatenate([validation, test])
-        present = _in_range(scaled, scaler, present, rows=held_out, above=out_of_range_above)
+        beyond = _beyond_range(data.views, scaler, rows=held_out, above=out_of_range_above)
+    scaled = scaler.transform(data.views, in_place=in_place)
+    if present is not None:
+        for v, matrix in enumerate(scaled.values()):
+            matrix[~present[:, v]] = 0.0
+    if beyond is not None and any(picked.size for picked in beyond):
+        present = np.ones((labels.size, len(names)), bool) if present is None else present.copy()
+        for v, picked in enumerate(beyond):
+            present[picked, v] = False
 
     def samples(rows: np.ndarray, **conflict: np.ndarray) -> Samples:
         mask = None if present is None else present[rows]
@@ -628,33 +634,35 @@ def evaluation_sets(
     )
 
 
-def _in_range(
-    scaled: Mapping[str, np.ndarray],
-    scaler: MinMaxScaler,
-    present: np.ndarray | None,
-    *,
-    rows: np.ndarray,
-    above: float,
-) -> np.ndarray | None:
-    """``present`` ((N, V), None for all) without the views of ``rows`` whose range excess is above
-    ``above`` or not a number (the service's rule)."""
-    beyond = {}
-    for v, (name, matrix) in enumerate(scaled.items()):
+def _beyond_range(
+    views: Mapping[str, np.ndarray], scaler: MinMaxScaler, *, rows: np.ndarray, above: float
+) -> list[np.ndarray]:
+    """Per view, the ``rows`` whose raw features' range excess is above ``above`` or not a number: the
+    service's rule, on the float32 ``range_excess`` of the view's exported head
+    (:func:`training.export.range_excess_session`), so that a view at the threshold is missing in the fit
+    exactly where the service leaves it out (float64 here disagreed within float32's rounding of it)."""
+    from training.export import range_excess_session
+
+    beyond = []
+    for name, matrix in views.items():
+        session = range_excess_session(scaler.minimum[name], scaler.maximum[name])
         step = _chunk_rows(matrix.shape[1])  # a chunk of rows at a time: the splits may be most of the data
-        beyond[v] = np.concatenate(
-            [
-                picked[~(scaler.range_excess(name, matrix[picked]) <= above)]
-                for picked in np.array_split(rows, range(step, rows.size, step))
-            ]
+        beyond.append(
+            np.concatenate(
+                [
+                    picked[
+                        ~(
+                            session.run(
+                                ["range_excess"], {"features": np.asarray(matrix[picked], np.float32)}
+                            )[0]
+                            <= above
+                        )
+                    ]
+                    for picked in np.array_split(rows, range(step, rows.size, step))
+                ]
+            )
         )
-    if not any(picked.size for picked in beyond.values()):
-        return present
-    kept = (
-        np.ones((len(next(iter(scaled.values()))), len(scaled)), bool) if present is None else present.copy()
-    )
-    for v, picked in beyond.items():
-        kept[picked, v] = False
-    return kept
+    return beyond
 
 
 SQUEEZE = 0.01

@@ -325,6 +325,16 @@ def test_the_image_healthcheck_asks_the_address_the_service_listens_on(tmp_path)
     assert not healthy(stage, env)
 
 
+def test_the_image_healthcheck_reads_dbf_port_as_the_service_does(tmp_path):
+    """DBF_PORT=8000.0 (a templated value rendered as a float): the service reads port 8000 and listens
+    there; the HEALTHCHECK put the text in its URL ("nonnumeric port"), and the container never passed."""
+    stage = BY_NAME["cpu"]
+    port = free_port()
+    env = {**mapped_env(stage, port, free_port()), "DBF_PORT": f" {port}.0 "}
+    process, _ = start_image_command(stage, env, tmp_path)  # fails unless the healthcheck passes
+    stop(process)
+
+
 def healthy(stage: dockerfile.Stage, env: dict[str, str]) -> bool:
     """Whether the stage's HEALTHCHECK command, run here, passes."""
     _, health = stage.healthcheck()

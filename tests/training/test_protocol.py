@@ -130,6 +130,34 @@ def test_views_far_out_of_their_training_range_are_missing_in_the_held_out_split
         evaluation_sets(data, protocol="paper", seed=0, out_of_range_above=0.2)
 
 
+def test_views_at_the_out_of_range_threshold_are_missing_exactly_where_the_served_head_says():
+    """The service compares its head's float32 ``range_excess`` with the threshold: a view whose excess lies
+    within float32's rounding of 0.2 was out of range for the fit (float64) and in range for the service."""
+    import onnxruntime
+
+    from training.export import head_to_onnx
+    from training.heads import ViewHead
+
+    data = synthetic(300, dims=(7, 3), seed=4)
+    plain = evaluation_sets(data, seed=0, conflictive=("validation", "test"))
+    low, high = plain.scaler.minimum["view_0"], plain.scaler.maximum["view_0"]
+    held_out = np.concatenate([plain.validation.rows, plain.test.rows])
+    rng = np.random.default_rng(1)
+    near = {name: matrix.copy() for name, matrix in data.views.items()}
+    feature = rng.integers(0, 7, size=held_out.size)
+    relative = 1 + rng.uniform(-3e-7, 3e-7, size=held_out.size)  # a view's excess within 1e-7 of 0.2
+    near["view_0"][held_out, feature] = high[feature] + 0.2 * np.sqrt(7) * relative * (high - low)[feature]
+    moved = MultiViewData(near, data.labels, data.class_names, name="near")
+
+    sets = evaluation_sets(moved, seed=0, conflictive=("validation", "test"), out_of_range_above=0.2)
+    graph = head_to_onnx(ViewHead(7, data.num_classes), low, high, view="view_0").SerializeToString()
+    session = onnxruntime.InferenceSession(graph, providers=["CPUExecutionProvider"])
+    [excess] = session.run(["range_excess"], {"features": near["view_0"][held_out]})
+    served = excess <= 0.2  # service.runtime's rule
+    assert 0 < served.sum() < held_out.size  # both sides of the threshold
+    np.testing.assert_array_equal(sets.present[held_out, 0], served)
+
+
 def _with_missing(data: MultiViewData, *, seed: int) -> tuple[MultiViewData, np.ndarray]:
     """``data`` with a random view (of three) missing in 40% of the samples."""
     rng = np.random.default_rng(seed)
