@@ -566,5 +566,6 @@ __all__: Sequence[str] = [
     "exported_range_excess",
     "head_to_onnx",
     "provenance",
+    "range_excess_session",
     "write_model",
 ]

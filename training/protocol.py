@@ -245,22 +245,6 @@ class MinMaxScaler:
             scaled[name] = out
         return scaled
 
-    def range_excess(self, name: str, scaled: np.ndarray) -> np.ndarray:
-        """How far each row of view ``name``'s ``scaled`` features ((M, d_v), from :meth:`transform`) lies
-        outside the fitted range: the exported head's ``range_excess`` (:func:`training.export.head_to_onnx`),
-        the root mean square over the features that vary in the fitted data of each one's distance outside
-        [0, 1], in float64.
-
-        >>> scaler = MinMaxScaler.fit({"a": np.array([[0.0, 5.0], [2.0, 5.0]])})
-        >>> rows = scaler.transform({"a": np.array([[1.0, 9.0], [6.0, 5.0]])})["a"]
-        >>> scaler.range_excess("a", rows).tolist()
-        [0.0, 2.0]
-        """
-        varying = max(int(np.count_nonzero(self.maximum[name] > self.minimum[name])), 1)
-        block = np.asarray(scaled, dtype=np.float64)
-        outside = block - np.clip(block, 0.0, 1.0)
-        return np.sqrt(np.einsum("ij,ij->i", outside, outside) / varying)
-
 
 # -- conflictive copies --------------------------------------------------------------------------------------
 
@@ -546,10 +530,11 @@ def evaluation_sets(
         Scale ``data``'s own matrices instead of copies (for data too large to hold twice; ``data`` holds
         the scaled features afterwards).
     out_of_range_above : float, optional
-        ``heldout`` only: a view of a validation or test sample whose range excess
-        (:meth:`MinMaxScaler.range_excess`) is above this is missing from there on, as the served model
-        fuses it (the manifest's ``out_of_range``), so that what a fit measures is what the service answers.
-        Its features stay as they are. None: every view the data has is present.
+        ``heldout`` only: a view of a validation or test sample whose range excess is above this (computed
+        by :func:`training.export.range_excess_session`, the exported head's own float32 arithmetic) is
+        missing from there on, as the served model fuses it (the manifest's ``out_of_range``), so that what a
+        fit measures is what the service answers. Its features stay as they are. None: every view the data
+        has is present.
 
     Raises
     ------
@@ -641,27 +626,18 @@ def _beyond_range(
     service's rule, on the float32 ``range_excess`` of the view's exported head
     (:func:`training.export.range_excess_session`), so that a view at the threshold is missing in the fit
     exactly where the service leaves it out (float64 here disagreed within float32's rounding of it)."""
-    from training.export import range_excess_session
+    from training.export import range_excess_session  # export builds on this module's scaler
 
     beyond = []
     for name, matrix in views.items():
         session = range_excess_session(scaler.minimum[name], scaler.maximum[name])
         step = _chunk_rows(matrix.shape[1])  # a chunk of rows at a time: the splits may be most of the data
-        beyond.append(
-            np.concatenate(
-                [
-                    picked[
-                        ~(
-                            session.run(
-                                ["range_excess"], {"features": np.asarray(matrix[picked], np.float32)}
-                            )[0]
-                            <= above
-                        )
-                    ]
-                    for picked in np.array_split(rows, range(step, rows.size, step))
-                ]
-            )
-        )
+        chunks = []
+        for picked in np.array_split(rows, range(step, rows.size, step)):
+            features = np.asarray(matrix[picked], np.float32)
+            [excess] = session.run(["range_excess"], {"features": features})
+            chunks.append(picked[~(excess <= above)])
+        beyond.append(np.concatenate(chunks))
     return beyond
 
 
