@@ -447,11 +447,9 @@ def test_docker_stop_while_starting_exits_at_once(cpu_image: Build, workers: str
         IMAGE, "--workers", workers, name=f"dbf-serve-test-stop-{workers}", options=options
     )
     container.exec("true")  # started (a tenth of a second or so): Python runs, its imports do
-    began = time.monotonic()
     docker("stop", container.name, timeout=120)
-    took = time.monotonic() - began
     state = json.loads(container.state(""))
-    assert state["ExitCode"] == 0 and took < 10, (took, state, container.logs())
+    assert state["ExitCode"] == 0, (state, container.logs())  # not 137: killed after the stop timeout
     assert "Uvicorn running" not in container.logs()  # stopped before serving: the case at hand
 
 
