@@ -1265,3 +1265,11 @@ def test_samples_no_view_is_fused_for_do_not_make_the_fused_model_look_below_its
     card = " ".join((out / "card.md").read_text().split())
     assert manifest.metrics.acc_normal < 1.0  # the served answers of those 4: the first class
     assert "below its best view alone" not in card and "below its best view" not in capsys.readouterr().err
+
+
+def test_a_single_view_far_out_of_range_is_named_in_the_singular(tmp_path):
+    data, _, _ = _far_out_of_range(tmp_path / "far", every=21)  # of 20 test samples: the first
+    out = tmp_path / "m"
+    assert fit("--data", data, "--out", out, "--split-column", "fold", *QUICK) == 0
+    card = " ".join((out / "card.md").read_text().split())
+    assert "1 view of validation and test samples lies far outside its training range" in card
