@@ -158,12 +158,13 @@ def unless_outvoted(
     (heads, Outvoted or None)
         The heads kept, and what was measured where the first were outvoted.
     """
-    first, views = accuracies(fused(trained), view_names)
+    # On the samples some view is fused for: one fused from none is answered alike whatever the heads.
+    first, views = accuracies(fused(trained), view_names, from_views=True)
     best = max(views, key=lambda view: views[view].value)
     if first.value >= views[best].value:
         return trained, None
     again = train(beta)
-    second, _ = accuracies(fused(again), view_names)
+    second, _ = accuracies(fused(again), view_names, from_views=True)
     kept = second.value > first.value
     outvoted = Outvoted(first, best, views[best], beta, second, kept)
     return (again if kept else trained), outvoted

@@ -87,6 +87,9 @@ class Comparison:
     baseline: Baseline
     commonest: dict[str, float]  # per view: the share of the commonest class among the samples that have it
     classes: dict[str, Rate]  # per class: how often the fused model is right on its test samples (recall)
+    # The fused model on the test samples some view is fused for (None: all of them): what its views are
+    # compared with (a sample whose every view is out of range is fused from none, whatever the heads).
+    fused_from_views: Rate | None = None
 
     @property
     def best_view(self) -> str:
@@ -104,6 +107,7 @@ class Comparison:
     def warnings(self) -> list[str]:
         """Where the fused model falls short of a simpler one, with what to try."""
         fused, best, notes = self.fused.value, self.views[self.best_view].value, []
+        from_views = fused if self.fused_from_views is None else self.fused_from_views.value
         low, high = self.fused.interval
         if self.fused.total and low <= self.commonest_share:
             notes.append(
@@ -113,17 +117,23 @@ class Comparison:
                 "samples"
             )
         notes += self._neglected_classes()
-        if fused < best - BEST_VIEW_MARGIN:
+        if from_views < best - BEST_VIEW_MARGIN:
             notes.append(
-                f"the fused model is right on {fused:.1%} of test samples, below its best view alone "
-                f"(`{self.best_view}`: {best:.1%}): another view may be useless or misleading; try `--views` "
-                "without it, `--beta 0.1` (the fused answer first), `--hidden` for heads that fit more, or "
-                "more data"
+                f"the fused model is right on {from_views:.1%} of test samples{self._from_some_view()}, "
+                f"below its best view alone (`{self.best_view}`: {best:.1%}): another view may be useless or "
+                "misleading; try `--views` without it, `--beta 0.1` (the fused answer first), `--hidden` for "
+                "heads that fit more, or more data"
             )
         plain = self.baseline.accuracy.value
         if fused < plain - BASELINE_MARGIN:
             notes.append(self._below_baseline(fused, plain))
         return notes + self._views_like_the_commonest_class() + self._flawless_views()
+
+    def _from_some_view(self) -> str:
+        """What the fused accuracy compared with the views is measured on, where not every test sample."""
+        if self.fused_from_views is None or self.fused_from_views.total == self.fused.total:
+            return ""
+        return f" that some view is fused for ({self.fused_from_views.total} of {self.fused.total})"
 
     def _flawless_views(self) -> list[str]:
         """The views whose head alone is right on every one of at least :data:`FLAWLESS_VIEW_SAMPLES` test
@@ -241,21 +251,34 @@ def compare(
     the fused model is right on each class."""
     fused, views = accuracies(test, view_names)
     present = np.ones((test.labels.size, len(view_names)), bool) if test.present is None else test.present
+    from_views, _ = accuracies(test, view_names, from_views=True)
     commonest = {
         name: float(np.bincount(test.labels[present[:, v]], minlength=1).max() / max(present[:, v].sum(), 1))
         for v, name in enumerate(view_names)
     }
     right = np.argmax(projected_probability(test.clean), axis=-1) == test.labels
     classes = {name: Rate.of(right[test.labels == c]) for c, name in enumerate(class_names)}
-    return Comparison(fused=fused, views=views, baseline=baseline, commonest=commonest, classes=classes)
+    return Comparison(
+        fused=fused,
+        views=views,
+        baseline=baseline,
+        commonest=commonest,
+        classes=classes,
+        fused_from_views=from_views,
+    )
 
 
-def accuracies(split: FusedSplit, view_names: Sequence[str]) -> tuple[Rate, dict[str, Rate]]:
+def accuracies(
+    split: FusedSplit, view_names: Sequence[str], *, from_views: bool = False
+) -> tuple[Rate, dict[str, Rate]]:
     """How often the fused model, and each view's head alone (on the samples that have its view), is right
-    on ``split`` (fused by :meth:`FusedSplit.of_evidence`, which keeps the views' opinions)."""
+    on ``split`` (fused by :meth:`FusedSplit.of_evidence`, which keeps the views' opinions). ``from_views``:
+    the fused model on the samples some view is fused for only, as the views are compared with it (one
+    whose every view is out of range is answered from none: no head can be right or wrong there)."""
     right = np.argmax(projected_probability(split.views), axis=-1) == split.labels[:, None]  # (N, V)
     present = np.ones(right.shape, bool) if split.present is None else split.present
-    fused = Rate.of(np.argmax(projected_probability(split.clean), axis=-1) == split.labels)
+    fused_right = np.argmax(projected_probability(split.clean), axis=-1) == split.labels
+    fused = Rate.of(fused_right[present.any(axis=1)] if from_views else fused_right)
     return fused, {name: Rate.of(right[present[:, v], v]) for v, name in enumerate(view_names)}
 
 

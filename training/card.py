@@ -178,8 +178,10 @@ def _out_of_range(data: MultiViewData, sets: EvaluationSets, manifest: Manifest)
         return ""
     per_view = zip(manifest.views, left_out.sum(axis=0).tolist(), strict=True)
     counts = ", ".join(f"`{view.name}` {count}" for view, count in per_view if count)
+    total = int(left_out.sum())
+    views, lie, their = ("view", "lies", "its") if total == 1 else ("views", "lie", "their")
     return (
-        f"\n{int(left_out.sum())} views of validation and test samples lie far outside their training range "
+        f"\n{total} {views} of validation and test samples {lie} far outside {their} training range "
         f"(range excess above {manifest.out_of_range.threshold:g}: {counts}). As the service does, the fused "
         "model and each view's head are measured without them below (the logistic regression sees them).\n"
     )

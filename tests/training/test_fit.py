@@ -1244,3 +1244,32 @@ def test_a_view_agreement_far_below_its_alert_threshold_on_the_test_split_is_war
     assert "58.2% [46.6%, 69.2%] of the 79 clean test samples" in notes[0]
     assert "DBFViewDisagreement" in notes[0]
     assert agreement_warnings(fitted, split(64, 79), ["good", "noise"]) == []  # 81.0%: as fitted
+
+
+def test_samples_no_view_is_fused_for_do_not_make_the_fused_model_look_below_its_best_view(tmp_path, capsys):
+    """Every view of a few test samples far out of range: the service fuses them from no view (uncertainty 1,
+    the first class), and the card's fused accuracy counts them as it answers them. A probe's fit warned
+    the fused model was "below its best view alone" (90.0% against 100.0%) and to leave a view out, where it
+    was right on every sample some view was fused for: no head answers the others, and no view is to blame."""
+    data, views, test = _far_out_of_range(tmp_path / "far", every=21)  # of 20 test samples: the first
+    far = test[::5]  # 2 of each class: every view far out of range
+    for name, matrix in views.items():
+        matrix[far] += 100
+        np.save(data / f"{name}.npy", matrix)
+    out = tmp_path / "m"
+    assert fit("--data", data, "--out", out, "--split-column", "fold", "--epochs", "40", "--quiet") == 0
+    manifest = read_manifest(out)
+    features = {name: views[name][test] for name in ("image", "text")}
+    in_range = exported_range_excess(out, features) <= manifest.out_of_range.threshold
+    assert (~in_range.any(axis=1)).sum() == 4  # fused from no view
+    card = " ".join((out / "card.md").read_text().split())
+    assert manifest.metrics.acc_normal < 1.0  # the served answers of those 4: the first class
+    assert "below its best view alone" not in card and "below its best view" not in capsys.readouterr().err
+
+
+def test_a_single_view_far_out_of_range_is_named_in_the_singular(tmp_path):
+    data, _, _ = _far_out_of_range(tmp_path / "far", every=21)  # of 20 test samples: the first
+    out = tmp_path / "m"
+    assert fit("--data", data, "--out", out, "--split-column", "fold", *QUICK) == 0
+    card = " ".join((out / "card.md").read_text().split())
+    assert "1 view of validation and test samples lies far outside its training range" in card
