@@ -237,8 +237,8 @@ def conflict_detection(report: FitReport, manifest: Manifest) -> Section:
         "A conflictive copy of a test sample has one view replaced by that view of a sample of the next "
         "class (the paper's protocol). Fused uncertainty separates conflictive from clean test samples "
         f"with **AUROC {metrics.auc:.3f}** (0.5: not at all; 1: perfectly).\n\n"
-        f"The `high_conflict` flag raises when `{flag.score}` >= {flag.threshold:.4g}: the threshold that "
-        f"flags {_percent(flag.target_false_positive_rate)} of the clean samples, on the score that flags "
+        f"The `high_conflict` flag raises when `{flag.score}` >= {flag.threshold:.4g}: the threshold "
+        f"{_flags(flag.target_false_positive_rate, fitted[0].value)}, on the score that flags "
         f"more conflictive ones there (AUROC {separation}), on {_samples(fitted_on)}. The test split "
         "measures the rates on new samples:\n\n"
         "| samples | clean samples flagged | conflictive samples flagged |\n|---|---|---|\n"
@@ -247,6 +247,17 @@ def conflict_detection(report: FitReport, manifest: Manifest) -> Section:
         f"| test | {_rate(test[0])} of {test[0].total} | {_rate(test[1])} of {test[1].total} |\n"
     )
     return Section("Conflict detection", text)
+
+
+def _flags(target: float, fitted: float) -> str:
+    """``that flags 5.0% of the clean samples``; where the samples fitted on cannot give the target (their
+    scores tie at the threshold, or they are too few for it), what it flags there instead."""
+    if _percent(target) == _percent(fitted):
+        return f"that flags {_percent(target)} of the clean samples"
+    return (
+        f"set to flag {_percent(target)} of the clean samples, flags {_percent(fitted)} of them (their "
+        "scores tie at it, or they are too few for the target)"
+    )
 
 
 def view_agreement(report: FitReport, manifest: Manifest) -> Section | None:

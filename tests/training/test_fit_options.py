@@ -34,3 +34,21 @@ def test_the_card_names_the_fusion_trained_with_and_a_lambda_only_where_it_is_us
     assert f"fused by {method.upper()}{' (lambda 10; ' if method == 'dbf' else ' ('}" in training
     if method != "dbf":
         assert "lambda" not in summary and "lambda 10" not in training
+
+
+def test_a_flag_whose_scores_tie_says_what_it_flags_where_it_was_fitted(tmp_path):
+    """A probe's `--lambda 0.01` fit discounted every view to vacuous: every sample's uncertainty was 1, the
+    flag's threshold 1, and it raised 100% of the 168 clean samples it was fitted on. The card still called
+    it "the threshold that flags 5.0% of the clean samples", and the warning blamed new data ("it does not
+    carry over") for what the samples fitted on already showed."""
+    views, labels = dataset()
+    out = tmp_path / "models" / "m"
+    data = write_npy(tmp_path / "data", views, labels)
+    assert fit("--data", data, "--out", out, "--lambda", "0.01", "--hidden", "0", *QUICK) == 0
+    flag = read_manifest(out).conflict_flag
+    assert flag.validation.clean == 1.0  # every clean sample's score ties at the threshold
+    card = (out / "card.md").read_text()
+    assert "the threshold that flags 5.0% of the clean samples" not in card
+    assert "set to flag 5.0% of the clean samples, flags 100.0% of them" in card
+    assert "does not carry over" not in card
+    assert "raised 100.0% of the 48 clean samples its threshold was fitted on" in card  # a warning
