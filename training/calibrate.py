@@ -633,7 +633,16 @@ class PostHoc:
         low, high = clean.interval
         target = self.target_false_positive_rate
         notes = []
-        if not (low <= target <= high or target / 2 <= clean.value <= 2 * target):
+        fitted = None if self.fitted is None else self.raised(self.fitted)[0]  # None: test rates alone
+        if fitted is not None and fitted.value > 2 * target:  # a quantile: above it where scores tie at it
+            notes.append(
+                f"the flag raised {fitted.value:.1%} of the {fitted.total} clean samples its threshold was "
+                f"fitted on (and {clean.value:.1%} of the {clean.total} clean test samples), against its "
+                f"target {target:.1%}: their scores tie at the threshold, so none gives the target. Seen "
+                "where the fused opinions are alike on every sample (heads that learnt nothing yet, or "
+                "every view discounted to vacuous by a small --lambda)"
+            )
+        elif not (low <= target <= high or target / 2 <= clean.value <= 2 * target):
             notes.append(
                 f"the flag raised {clean.value:.1%} [{low:.1%}, {high:.1%}] of the {clean.total} clean test "
                 f"samples, against its target {target:.1%} on the samples its threshold was fitted on: it "

@@ -87,6 +87,26 @@ def write_card(
     return [directory / "card.md", *written]
 
 
+FUSION_NAMES = {
+    "bcf": "Belief constraint fusion",
+    "cbf": "Cumulative belief fusion",
+    "baf": "Belief averaging fusion",
+    "gbaf": "Generalised belief averaging fusion",
+    "dbf": "Discounted Belief Fusion",
+}
+"""Each fusion method's name (:data:`fusion.METHODS`)."""
+
+
+def _fusion(method: str, lam: float) -> str:
+    """``DBF, lambda 1``, or ``BCF``: lambda is DBF's alone, every other method fuses without it."""
+    return method.upper() + (f", lambda {lam:g}" if method == "dbf" else "")
+
+
+def _lambda(method: str, lam: float) -> str:
+    """``lambda 1; `` for DBF, nothing for the methods that do not use it."""
+    return f"lambda {lam:g}; " if method == "dbf" else ""
+
+
 # -- the sections --------------------------------------------------------------------------------------------
 
 
@@ -94,9 +114,9 @@ def overview(report: FitReport, manifest: Manifest) -> Section:
     data, metrics, flag, comparison = report.data, manifest.metrics, manifest.conflict_flag, report.comparison
     views = ", ".join(f"`{view.name}` ({view.dim})" for view in manifest.views)
     flagged_clean, flagged_conflictive = report.post_hoc.raised(report.test)
-    best = comparison.best_view
+    best, fusion = comparison.best_view, manifest.fusion
     text = (
-        f"Discounted Belief Fusion ({manifest.fusion.method.upper()}, lambda {manifest.fusion.lam:g}) over "
+        f"{FUSION_NAMES[fusion.method]} ({_fusion(fusion.method, fusion.lam)}) over "
         f"{len(manifest.views)} views: {views}; {len(manifest.classes)} classes. Trained on "
         f"`{data.source or data.name}` ({data.num_samples} samples).\n\n"
         f"On held-out test samples it is right {_rate(comparison.fused)} of the time (its best view alone, "
@@ -219,8 +239,8 @@ def conflict_detection(report: FitReport, manifest: Manifest) -> Section:
         "A conflictive copy of a test sample has one view replaced by that view of a sample of the next "
         "class (the paper's protocol). Fused uncertainty separates conflictive from clean test samples "
         f"with **AUROC {metrics.auc:.3f}** (0.5: not at all; 1: perfectly).\n\n"
-        f"The `high_conflict` flag raises when `{flag.score}` >= {flag.threshold:.4g}: the threshold that "
-        f"flags {_percent(flag.target_false_positive_rate)} of the clean samples, on the score that flags "
+        f"The `high_conflict` flag raises when `{flag.score}` >= {flag.threshold:.4g}: the threshold "
+        f"{_flags(flag.target_false_positive_rate, fitted[0].value)}, on the score that flags "
         f"more conflictive ones there (AUROC {separation}), on {_samples(fitted_on)}. The test split "
         "measures the rates on new samples:\n\n"
         "| samples | clean samples flagged | conflictive samples flagged |\n|---|---|---|\n"
@@ -229,6 +249,17 @@ def conflict_detection(report: FitReport, manifest: Manifest) -> Section:
         f"| test | {_rate(test[0])} of {test[0].total} | {_rate(test[1])} of {test[1].total} |\n"
     )
     return Section("Conflict detection", text)
+
+
+def _flags(target: float, fitted: float) -> str:
+    """``that flags 5.0% of the clean samples``; where the samples fitted on cannot give the target (their
+    scores tie at the threshold, or they are too few for it), what it flags there instead."""
+    if _percent(target) == _percent(fitted):
+        return f"that flags {_percent(target)} of the clean samples"
+    return (
+        f"set to flag {_percent(target)} of the clean samples, flags {_percent(fitted)} of them (their "
+        "scores tie at it, or they are too few for the target)"
+    )
 
 
 def view_agreement(report: FitReport, manifest: Manifest) -> Section | None:
@@ -476,10 +507,11 @@ def training(report: FitReport, manifest: Manifest) -> Section:
         )
     total = sum(report.seconds.values())
     activation = "capped exponential" if config.activation == "exp" else "softplus"
+    strictness = _lambda(config.method, config.lam)
     text = (
         f"One head per view ({_architecture(config.hidden)}{_choice(report.choice)}{_outvoted(report)}) with "
         f"the {activation} evidence activation, trained "
-        f"with the paper's loss fused by {config.method.upper()} (lambda {config.lam:g}; each view's own "
+        f"with the paper's loss fused by {config.method.upper()} ({strictness}each view's own "
         f"term weighted {config.beta:g}{_class_weighting(config.class_weighting)}): learning rate "
         f"{hp.lr:g}, KL annealing over {hp.annealing_step} epochs, gamma {hp.gamma:g}, weight decay "
         f"{hp.weight_decay:g}, batch {config.batch_size}, seeds {report.seed} (split) and {config.seed} "
