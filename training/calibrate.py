@@ -633,8 +633,8 @@ class PostHoc:
         low, high = clean.interval
         target = self.target_false_positive_rate
         notes = []
-        fitted = None if self.fitted is None else self.raised(self.fitted)[0]  # None: test rates alone
-        if fitted is not None and fitted.value > 2 * target:  # a quantile: above it where scores tie at it
+        fitted, _ = self.raised(self.fitted)
+        if fitted.value > 2 * target:  # a quantile: above it only where scores tie at it (or too few)
             notes.append(
                 f"the flag raised {fitted.value:.1%} of the {fitted.total} clean samples its threshold was "
                 f"fitted on (and {clean.value:.1%} of the {clean.total} clean test samples), against its "

@@ -861,6 +861,7 @@ class _Scored:
 
 
 def _post_hoc():
+    """A flag at 0.5 for 5% of clean samples, fitted on samples it flags 5% of."""
     from training.calibrate import PostHoc
 
     return PostHoc(
@@ -868,7 +869,7 @@ def _post_hoc():
         threshold=0.5,
         target_false_positive_rate=0.05,
         separation={},
-        fitted=None,
+        fitted=_Scored(np.where(np.arange(200) < 10, 0.9, 0.1)),
         fitted_on=None,
         section=None,
     )
