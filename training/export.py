@@ -95,7 +95,6 @@ def range_excess_session(minimum: np.ndarray, maximum: np.ndarray):
     """An onnxruntime session (CPU) whose ``range_excess`` of raw float32 ``features`` is, to the bit, that of
     a head exported with the training range ``minimum``, ``maximum`` (:func:`head_to_onnx`): the float32
     arithmetic the service compares with the manifest's ``out_of_range`` threshold."""
-    import onnx
     import onnxruntime
     from onnx import TensorProto, helper, numpy_helper
 
@@ -111,13 +110,7 @@ def range_excess_session(minimum: np.ndarray, maximum: np.ndarray):
         [helper.make_tensor_value_info("range_excess", TensorProto.FLOAT, ["batch"])],
         initializer=[numpy_helper.from_array(value, name) for name, value in constants.items()],
     )
-    model = helper.make_model(
-        graph,
-        opset_imports=[helper.make_opsetid("", _OPSET)],
-        producer_name="dbf-serve",
-        ir_version=_IR_VERSION,
-    )
-    onnx.checker.check_model(model, full_check=True)
+    model = _checked_model(graph)
     return onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
@@ -133,7 +126,6 @@ def head_to_onnx(head: ViewHead, minimum: np.ndarray, maximum: np.ndarray, *, vi
     lie below anything seen; the mean over the features tells the two apart (docs/operations/limits.md has
     the figures).
     """
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     constants, nodes = _scaling_and_range_excess(minimum, maximum)
@@ -172,6 +164,14 @@ def head_to_onnx(head: ViewHead, minimum: np.ndarray, maximum: np.ndarray, *, vi
         ],
         initializer=[numpy_helper.from_array(value, name) for name, value in constants.items()],
     )
+    return _checked_model(graph)
+
+
+def _checked_model(graph):
+    """``graph`` as a model of the opset and IR version every head has, checked in full."""
+    import onnx
+    from onnx import helper
+
     model = helper.make_model(
         graph,
         opset_imports=[helper.make_opsetid("", _OPSET)],
