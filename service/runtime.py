@@ -6,10 +6,12 @@ or on the event loop for a small batch (:meth:`service.dataplane.DataPlane.predi
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 
-from fusion import Opinion, agrees_with_the_others, fuse, opinion_from_evidence
+from fusion import FusedOpinion, Opinion, agrees_with_the_others, fuse, opinion_from_evidence
+from manifest import Manifest
 from service import metrics
 from service.errors import InvalidInput, ModelFault
 from service.inference import InferenceRequest, Result
@@ -21,11 +23,49 @@ log = logging.getLogger("dbf.runtime")
 def predict(model: LoadedModel, request: InferenceRequest) -> Result:
     """Run the heads on the rows that carry each view, fuse the views in range, flag, calibrate, and record
     the metrics."""
+    evidence, excess = _head_evidence(model, request)
+    _check_evidence(model.manifest, evidence)
+    mask, out_of_range = _views_to_fuse(model.manifest, request.present, evidence, excess)
+    opinions = opinion_from_evidence(evidence)
+    fused = fuse(opinions, request.method, lam=request.lam, mask=mask)
+    judged = _judged(model, request, opinions, fused, mask=mask)
+    fused_views = request.present if mask is None else mask
+    blame = _blamed_views(fused.conflict, fused_views, out_of_range, excess)
+    _record(model, request, fused, judged, blame, out_of_range, fused_views, complete=mask is None)
+    if model.agreeing_views is not None and (rows := model.agreement.rows(len(request))) is not None:
+        _record_agreement(model, opinions, mask, rows)
+    return Result(
+        present=request.present,
+        out_of_range=out_of_range,
+        label=judged.label,
+        probability=fused.probability,
+        belief=fused.belief,
+        uncertainty=fused.uncertainty,
+        conflict=fused.conflict,
+        discount=fused.discount,
+        high_conflict=judged.flagged,
+        blamed_view=blame,
+        view_belief=opinions.belief,
+        view_uncertainty=opinions.uncertainty,
+        confidence=judged.confidence,
+        prediction_set=judged.sets,
+        method=request.method,
+        lam=request.lam,
+        coverage=judged.coverage,
+    )
+
+
+# -- the steps -------------------------------------------------------------------------------------------
+
+
+def _head_evidence(model: LoadedModel, request: InferenceRequest) -> tuple[np.ndarray, np.ndarray]:
+    """Each view's evidence (N, V, K), 0 where a sample lacks the view, and its range excess (N, V), 0 where
+    in range or not checked: each head run on the rows that carry its view."""
     manifest = model.manifest
     n, k = len(request), len(manifest.classes)
     evidence = np.zeros((n, len(manifest.views), k), dtype=np.float32)
-    excess = np.zeros((n, len(manifest.views)), dtype=np.float32)  # 0: in range, or not checked
-    complete = bool(request.present.all())  # the common case: no masks to apply (fusion's cheaper path)
+    excess = np.zeros((n, len(manifest.views)), dtype=np.float32)
+    complete = bool(request.present.all())
     heads = model.heads_for(n)  # on the provider fastest at this batch size (service.placement)
     for v, view in enumerate(manifest.views):
         rows = slice(None) if complete else request.present[:, v]  # the view's features are those rows' only
@@ -42,6 +82,12 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
             evidence[rows, v] = given
             if checked:
                 excess[rows, v] = checked[0]
+    return evidence, excess
+
+
+def _check_evidence(manifest: Manifest, evidence: np.ndarray) -> None:
+    """Refuse evidence that no answer can be made of: overflowing (the request's fault) or negative (the
+    head's)."""
     with np.errstate(over="ignore"):
         # Each view's total too: finite evidence summing past float32's range made a Dirichlet strength of
         # inf, so beliefs, uncertainty and probabilities of 0, answered 200.
@@ -59,16 +105,47 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
             f"gives negative evidence ({evidence[i, v].min():g} for sample {i}); a head's evidence is never "
             "negative",
         )
-    # A view far outside its training range is fused as if missing: its head's certainty there means nothing.
+
+
+def _views_to_fuse(
+    manifest: Manifest, present: np.ndarray, evidence: np.ndarray, excess: np.ndarray
+) -> tuple[np.ndarray | None, np.ndarray]:
+    """The fusion's mask, the views fused (N, V), None where that is every view of every sample (the common
+    case, fusion's cheaper path); and the views far outside their training range (N, V), fused as if
+    missing, a head's certainty there meaning nothing. Their evidence is zeroed in place, so that their own
+    opinions, reported per view, are vacuous as well."""
     out_of_range = ~(excess <= manifest.out_of_range.threshold)  # NaN is out of range too
-    present = request.present
     if out_of_range.any():
-        present, complete = present & ~out_of_range, False
-        evidence[out_of_range] = 0.0  # its own opinion, reported per view, becomes vacuous as well
-    opinions = opinion_from_evidence(evidence)
-    mask = None if complete else present  # all present: the same fusion, without the masking
-    fused = fuse(opinions, request.method, lam=request.lam, mask=mask)
-    flag, calibration = manifest.conflict_flag, model.calibration
+        evidence[out_of_range] = 0.0
+        return present & ~out_of_range, out_of_range
+    return (None if present.all() else present), out_of_range
+
+
+@dataclass(frozen=True)
+class _Judgement:
+    """What is said of each sample's fused opinion: its label, the flag, the calibrated confidence and the
+    prediction set at ``coverage`` (None where the model is not calibrated)."""
+
+    label: np.ndarray
+    max_conflict: np.ndarray
+    flagged: np.ndarray
+    confidence: np.ndarray
+    sets: np.ndarray
+    coverage: float | None
+
+
+def _judged(
+    model: LoadedModel,
+    request: InferenceRequest,
+    opinions: Opinion,
+    fused: FusedOpinion,
+    *,
+    mask: np.ndarray | None,
+) -> _Judgement:
+    """Flag, confidence and prediction set of ``fused``, each as the manifest's fusion fitted it."""
+    manifest, calibration = model.manifest, model.calibration
+    n, k = len(request), len(manifest.classes)
+    flag = manifest.conflict_flag
     max_conflict = fused.conflict.max(axis=(-1, -2))  # the same for every method and lambda
     # The flag's threshold, the confidence calibrator and the conformal scores were fitted on the manifest's
     # fusion: every request is judged by that one, whatever fusion it asks for, so that the flag keeps its
@@ -78,9 +155,7 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
         (manifest.fusion.method, manifest.fusion.lam) != (request.method, request.lam)
     ):
         reference = fuse(opinions, manifest.fusion.method, lam=manifest.fusion.lam, mask=mask)
-    score = reference.uncertainty if flag.score == "uncertainty" else max_conflict
-    flagged = score >= flag.threshold
-    blame = _blamed_views(fused.conflict, present, out_of_range, excess)
+    flagged = (reference.uncertainty if flag.score == "uncertainty" else max_conflict) >= flag.threshold
     if calibration is not None:
         confidence = calibration.confidence(reference.belief, reference.uncertainty).astype(np.float32)
         coverage = calibration.default_coverage if request.coverage is None else request.coverage
@@ -91,11 +166,6 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
     else:
         confidence, coverage = np.full(n, np.nan, np.float32), None
         sets = np.zeros((n, k), dtype=bool)
-    _record(
-        model, request, fused, max_conflict, flagged, blame, confidence, sets, out_of_range, present, complete
-    )
-    if model.agreeing_views is not None and (rows := model.agreement.rows(n)) is not None:
-        _record_agreement(model, opinions, mask, rows)
     # The projected probability's argmax is the belief's (b + u / K adds the same to every class), taken on
     # the belief: where a strong discount leaves beliefs of 1e-12 and an uncertainty of 1 in float32, every
     # probability rounds to 1 / K, and its argmax was class 0 by the tie.
@@ -104,25 +174,7 @@ def predict(model: LoadedModel, request: InferenceRequest) -> Result:
         # The calibrator's probability is that the model's own fusion's label is right: where the fusion asked
         # for answers another label, no calibrated probability of it being right exists.
         confidence = np.where(reference.belief.argmax(-1) == label, confidence, np.float32(np.nan))
-    return Result(
-        present=request.present,
-        out_of_range=out_of_range,
-        label=label,
-        probability=fused.probability,
-        belief=fused.belief,
-        uncertainty=fused.uncertainty,
-        conflict=fused.conflict,
-        discount=fused.discount,
-        high_conflict=flagged,
-        blamed_view=blame,
-        view_belief=opinions.belief,
-        view_uncertainty=opinions.uncertainty,
-        confidence=confidence,
-        prediction_set=sets,
-        method=request.method,
-        lam=request.lam,
-        coverage=coverage,
-    )
+    return _Judgement(label, max_conflict, flagged, confidence, sets, coverage)
 
 
 def _model_fault(model: str, view: str, what: str) -> ModelFault:
@@ -150,24 +202,25 @@ def _blamed_views(
 
 
 def _record(
-    model, request, fused, max_conflict, flagged, blame, confidence, sets, out_of_range, fused_views, complete
+    model, request, fused, judged: _Judgement, blame, out_of_range, fused_views, *, complete: bool
 ) -> None:
     """Per-sample metrics, observed in bulk (one histogram update per bucket, not per sample); ``fused_views``
     (N, V) the views fused, all of them where ``complete``."""
     children = metrics.children(
         model.manifest.name, request.method, [view.name for view in model.manifest.views]
     )
+    flagged = judged.flagged
     children.predictions.inc(len(flagged))
     # The histograms of values in [0, 1] (one set of buckets) in one pass.
-    unit, values = [children.uncertainty, children.max_conflict], [fused.uncertainty, max_conflict]
+    unit, values = [children.uncertainty, children.max_conflict], [fused.uncertainty, judged.max_conflict]
     if request.method == "dbf":  # the other methods discount nothing: their 1s would dilute DBF's mean
         for v, view_children in enumerate(children.views):
             unit.append(view_children.discount)
             values.append(fused.discount[:, v] if complete else fused.discount[fused_views[:, v], v])
     if model.calibration is not None:
         unit.append(children.confidence)
-        values.append(confidence)
-        metrics.observe_many([children.set_size], [sets.sum(-1)])
+        values.append(judged.confidence)
+        metrics.observe_many([children.set_size], [judged.sets.sum(-1)])
     metrics.observe_many(unit, values)
     if out_of_range.any():
         for view_children, count in zip(children.views, out_of_range.sum(0).tolist(), strict=True):
