@@ -541,81 +541,134 @@ def evaluation_sets(
     DataError
         A class too small to split, or, with the data's split column, a split lacking a class.
     """
-    labels = data.labels
-    names = data.view_names
-    present = None if data.complete else data.present
-    rng = np.random.default_rng(seed)
     if protocol == "heldout":
-        if data.split is not None:
-            train, validation, test = _user_split(data)
-        else:
-            _check_class_sizes(data)
-            train, validation, test = stratified_split(labels, seed=seed)
-        if present is not None:
-            _check_views_in_training(data, train)
-        scaler = MinMaxScaler.fit(data.views, rows=train, present=present)
-    elif protocol == "paper":
+        return _heldout_sets(
+            data, seed=seed, conflictive=conflictive, in_place=in_place, out_of_range_above=out_of_range_above
+        )
+    if protocol == "paper":
         if data.split is not None:
             raise DataError("the paper's protocol draws its own split: leave out the split column")
         if tuple(conflictive) != ("test",):
             raise ValueError(f"protocol 'paper' makes a conflictive test set only, not {tuple(conflictive)}")
-        scaler = MinMaxScaler.fit(data.views, present=present)
-    else:
-        raise ValueError(f"unknown protocol {protocol!r}; expected 'heldout' or 'paper'")
-    beyond = None
-    if out_of_range_above is not None:
-        if protocol != "heldout":
+        if out_of_range_above is not None:
             raise ValueError(
                 "out_of_range_above is for the 'heldout' protocol: the paper's scales on every sample"
             )
+        return _paper_sets(data, seed=seed, in_place=in_place)
+    raise ValueError(f"unknown protocol {protocol!r}; expected 'heldout' or 'paper'")
+
+
+def _heldout_sets(
+    data: MultiViewData,
+    *,
+    seed: int,
+    conflictive: Sequence[str],
+    in_place: bool,
+    out_of_range_above: float | None,
+) -> EvaluationSets:
+    """``heldout``: the data's own split or a stratified one; scaled on the training split."""
+    present = None if data.complete else data.present
+    if data.split is not None:
+        train, validation, test = _user_split(data)
+    else:
+        _check_class_sizes(data)
+        train, validation, test = stratified_split(data.labels, seed=seed)
+    if present is not None:
+        _check_views_in_training(data, train)
+    scaler = MinMaxScaler.fit(data.views, rows=train, present=present)
+    beyond = None
+    if out_of_range_above is not None:
         # On the raw features, before scaling (in place, it overwrites them), as the served heads see them.
         held_out = np.concatenate([validation, test])
         beyond = _beyond_range(data.views, scaler, rows=held_out, above=out_of_range_above)
+    scaled = _scaled(data, scaler, present, in_place=in_place)
+    if beyond is not None and any(picked.size for picked in beyond):
+        present = (
+            np.ones((data.num_samples, len(data.view_names)), bool) if present is None else present.copy()
+        )
+        for v, picked in enumerate(beyond):
+            present[picked, v] = False
+    samples = _Sampler(scaled, data.labels, present)
+    rng = np.random.default_rng(seed)
+    splits = {"validation": validation, "test": test}
+    copies = {
+        split: conflictive_copy(samples(splits[split]), rng=rng, num_classes=data.num_classes)
+        for split in conflictive  # in this order: one generator draws them all
+    }
+    return _assembled("heldout", seed, scaler, samples, copies, train=train, validation=validation, test=test)
+
+
+def _paper_sets(data: MultiViewData, *, seed: int, in_place: bool) -> EvaluationSets:
+    """``paper``: scaled on every sample, an 80/20 split without validation, and a conflictive test set of
+    prototype swaps drawn over the whole data, 20% of the samples (those with two views or more)."""
+    present = None if data.complete else data.present
+    scaler = MinMaxScaler.fit(data.views, present=present)
+    samples = _Sampler(_scaled(data, scaler, present, in_place=in_place), data.labels, present)
+    rng = np.random.default_rng(seed)
+    n = data.num_samples
+    order = rng.permutation(n)
+    train, test = order[: int(0.8 * n)], order[int(0.8 * n) :]
+    picked = rng.choice(n, size=int(0.2 * n), replace=False)
+    if present is not None:
+        picked = picked[present[picked].sum(axis=1) >= 2]
+    replaced, donors = draw_conflicts(
+        data.labels,
+        num_views=len(data.view_names),
+        rng=rng,
+        source="prototype",
+        num_classes=data.num_classes,
+        present=present,
+    )
+    copies = {"test": samples(picked, replaced=replaced[picked], donors=donors[picked])}
+    return _assembled("paper", seed, scaler, samples, copies, train=train, validation=None, test=test)
+
+
+def _scaled(
+    data: MultiViewData, scaler: MinMaxScaler, present: np.ndarray | None, *, in_place: bool
+) -> dict[str, np.ndarray]:
+    """``data``'s views scaled, each missing view's rows zero."""
     scaled = scaler.transform(data.views, in_place=in_place)
     if present is not None:
         for v, matrix in enumerate(scaled.values()):
             matrix[~present[:, v]] = 0.0
-    if beyond is not None and any(picked.size for picked in beyond):
-        present = np.ones((labels.size, len(names)), bool) if present is None else present.copy()
-        for v, picked in enumerate(beyond):
-            present[picked, v] = False
+    return scaled
 
-    def samples(rows: np.ndarray, **conflict: np.ndarray) -> Samples:
-        mask = None if present is None else present[rows]
-        return Samples(scaled, rows, labels[rows], mask, **conflict)
 
-    sets: dict[str, Samples] = {}
-    if protocol == "heldout":
-        splits = {"validation": validation, "test": test}
-        for split in conflictive:
-            sets[split] = conflictive_copy(samples(splits[split]), rng=rng, num_classes=data.num_classes)
-    else:
-        n = len(labels)
-        order = rng.permutation(n)
-        train, validation, test = order[: int(0.8 * n)], None, order[int(0.8 * n) :]
-        picked = rng.choice(n, size=int(0.2 * n), replace=False)
-        if present is not None:
-            picked = picked[present[picked].sum(axis=1) >= 2]
-        replaced, donors = draw_conflicts(
-            labels,
-            num_views=len(names),
-            rng=rng,
-            source="prototype",
-            num_classes=data.num_classes,
-            present=present,
-        )
-        sets["test"] = samples(picked, replaced=replaced[picked], donors=donors[picked])
+@dataclass(frozen=True)
+class _Sampler:
+    """Makes :class:`Samples` of rows of the scaled views, with their labels and views present."""
+
+    views: dict[str, np.ndarray]
+    labels: np.ndarray
+    present: np.ndarray | None
+
+    def __call__(self, rows: np.ndarray, **conflict: np.ndarray) -> Samples:
+        mask = None if self.present is None else self.present[rows]
+        return Samples(self.views, rows, self.labels[rows], mask, **conflict)
+
+
+def _assembled(
+    protocol: ProtocolName,
+    seed: int,
+    scaler: MinMaxScaler,
+    samples: _Sampler,
+    conflictive: dict[str, Samples],
+    *,
+    train: np.ndarray,
+    validation: np.ndarray | None,
+    test: np.ndarray,
+) -> EvaluationSets:
     return EvaluationSets(
         protocol=protocol,
         seed=seed,
         scaler=scaler,
-        views=scaled,
-        present=present,
+        views=samples.views,
+        present=samples.present,
         train=samples(train),
         validation=None if validation is None else samples(validation),
         test=samples(test),
-        conflictive=sets,
-        everything=samples(np.arange(data.num_samples)),
+        conflictive=conflictive,
+        everything=samples(np.arange(len(samples.labels))),
     )
 
 
