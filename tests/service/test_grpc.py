@@ -499,6 +499,48 @@ def test_more_rows_than_a_request_takes_are_refused_as_over_rest_whatever_the_da
 
 
 @pytest.mark.parametrize(
+    "inputs",
+    [
+        [("foo", [1, 6])],
+        [("mor", [0, 6])],
+        [("mor", [1, 7])],
+        [("mor", [1, 6]), ("mor", [1, 6])],
+        [("mor", [1, 6]), ("kar", [2, 64])],
+    ],
+    ids=["unknown-name", "no-rows", "another-dim", "given-twice", "rows-differ"],
+)
+@pytest.mark.parametrize("data", ["typed", "raw", "odd-bytes", "shared-memory"])
+def test_a_mistake_in_an_inputs_name_or_shape_is_named_as_over_rest_whatever_its_data(service, inputs, data):
+    """REST checks an input's name, datatype, shape and rows before its data; gRPC checked the data against
+    the shape first: an input REST calls unknown, or given twice, was "fp32_contents has 5 values; [1, 6]
+    FP32 takes 6" (or "not a whole number of FP32 values", or "the shared-memory extension is not
+    supported"). The last input's data fit no shape here (5 values); those before it fit theirs."""
+    url, address = service
+    request = pb.ModelInferRequest(model_name="handwritten")
+    rest_inputs = []
+    for i, (name, shape) in enumerate(inputs):
+        last = i == len(inputs) - 1
+        values = [0.5] * (5 if last else shape[0] * shape[1])
+        tensor = request.inputs.add(name=name, datatype="FP32", shape=shape)
+        sent = {"name": name, "datatype": "FP32", "shape": shape, "data": values}
+        if last and data == "shared-memory":
+            tensor.parameters["shared_memory_region"].string_param = "input0"
+            sent["parameters"] = {"shared_memory_region": "input0"}
+            del sent["data"]
+        elif data == "typed" or data == "shared-memory":
+            tensor.contents.fp32_contents.extend(values)
+        else:
+            raw = np.array(values, "<f4").tobytes()
+            request.raw_input_contents.append(raw + b"\0" if last and data == "odd-bytes" else raw)
+        rest_inputs.append(sent)
+    answer = httpx.post(url + "/v2/models/handwritten/infer", json={"inputs": rest_inputs})
+    assert answer.status_code == 400, answer.text
+    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
+        infer_stub(channel, serializer=None)(request.SerializeToString(), timeout=30)
+    assert (refused.value.code().name, refused.value.details()) == (CODES[400], answer.json()["error"])
+
+
+@pytest.mark.parametrize(
     ("method", "said"),
     [
         ("/inference.GRPCInferenceService/RepositoryModelLoad", "POST /v1/admin/reload"),
