@@ -7,6 +7,7 @@ Every answer is REST's answer to the same request, to the bit; every error REST'
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import re
 import signal
@@ -317,6 +318,28 @@ def test_rest_and_grpc_read_the_authorization_alike(guarded, authorization, serv
     assert (rest_status, grpc_code) == (
         (200, grpc.StatusCode.OK) if served else (401, grpc.StatusCode.UNAUTHENTICATED)
     )
+
+
+def test_spaces_around_the_authorization_value_are_dropped_as_over_rest(guarded):
+    """HTTP's parser drops them from REST's headers (httpx will not send them: http.client does); gRPC
+    hands its metadata over as sent, and refused the key REST took."""
+    url, address = guarded
+    authorization = f" Bearer {KEY} "
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    connection.request("GET", "/v2/models/handwritten/ready", headers={"Authorization": authorization})
+    assert connection.getresponse().status == 200
+    connection.close()
+    with grpc.insecure_channel(address) as channel:
+        ready = channel.unary_unary(
+            "/inference.GRPCInferenceService/ModelReady",
+            request_serializer=pb.ModelReadyRequest.SerializeToString,
+            response_deserializer=pb.ModelReadyResponse.FromString,
+        )
+        answer = ready(
+            pb.ModelReadyRequest(name="handwritten"), metadata=[("authorization", authorization)], timeout=10
+        )
+    assert answer.ready
 
 
 def test_with_the_key_a_call_is_served(guarded, triton):
