@@ -7,6 +7,7 @@ Every answer is REST's answer to the same request, to the bit; every error REST'
 from __future__ import annotations
 
 import asyncio
+import collections
 import http.client
 import json
 import re
@@ -29,6 +30,7 @@ from service import v2
 from service.proto import grpc_predict_v2_pb2 as pb
 from tests.service import grpc_clients
 from tests.service.conftest import MODELS, free_port, service_process, serving, start_and_fail
+from tests.service.test_request_limits import peak_rss
 
 KEY = "grpc-secret"
 HANDWRITTEN = {"pix": 240, "fou": 76, "fac": 216, "zer": 47, "kar": 64, "mor": 6}
@@ -1109,3 +1111,51 @@ def test_a_call_queued_past_its_deadline_is_not_computed():
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(_answering(cancelled, stopping=asyncio.Event())(b"", _ExpiredCall()))
     assert count("client_disconnected") == gone + 1
+
+
+def test_calls_not_yet_taken_hold_little_of_their_messages():
+    """gRPC lets a call send what its flow-control window allows before the service asks for its message;
+    gRPC's bandwidth probe grew that window to megabytes on a fast link, so calls the service had not taken
+    yet (gRPC queues them; or waiting for a read slot) held their whole messages outside every budget: 1,200
+    concurrent 1 MB calls from one client took the service from 154 MB to 1.2 GB (2,500: 2 GB). Each is
+    served, or refused as overload; the memory stays within a few body budgets."""
+    port = free_port()
+    handwritten = str(MODELS / "handwritten")
+    with service_process("--grpc-port", str(port), "--model-dir", handwritten) as (_, process):
+        before = peak_rss(process.pid)
+        codes = asyncio.run(_concurrent_calls(f"127.0.0.1:{port}", calls=1200, channels=10, rows=400))
+        grown = peak_rss(process.pid) - before
+    assert set(codes) <= {"OK", "UNAVAILABLE"} and codes["OK"], codes
+    print(f"1,200 concurrent 1 MB calls: {codes}, peak RSS {grown / 2**20:.0f} MiB over the idle service's")
+    assert grown < 3 * 128 * 2**20  # DBF_BODY_MEMORY_BYTES, thrice (answers, copies)
+
+
+async def _concurrent_calls(address: str, *, calls: int, channels: int, rows: int) -> collections.Counter:
+    """How ``calls`` ModelInfer calls of ``rows`` HandWritten samples, all at once over ``channels``
+    connections, ended: status codes counted."""
+    request = pb.ModelInferRequest(model_name="handwritten")
+    for name, array in features(rows).items():
+        request.inputs.add(name=name, datatype="FP32", shape=array.shape)
+        request.raw_input_contents.append(array.tobytes())
+    body = request.SerializeToString()
+    # Each channel its own connection (channels to one address share one otherwise).
+    opened = [
+        grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(channels)
+    ]
+    codes: collections.Counter = collections.Counter()
+
+    async def call(channel: grpc.aio.Channel) -> None:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        try:
+            await infer(body, timeout=120)
+            codes["OK"] += 1
+        except grpc.aio.AioRpcError as error:
+            codes[error.code().name] += 1
+
+    try:
+        await asyncio.gather(*(call(opened[i % channels]) for i in range(calls)))
+    finally:
+        for channel in opened:
+            await channel.close()
+    return codes
