@@ -622,6 +622,36 @@ def test_a_malformed_metadata_request_is_invalid_argument(service):
     assert "not a ModelReadyRequest message" in refused.value.details()
 
 
+NOT_PROTOBUF = b"\xff\xff\xff"
+# Health's and reflection's methods, each called with bytes that are no message, as its kind of call sends.
+MALFORMED_CALLS = {
+    "health-check": lambda channel: channel.unary_unary("/grpc.health.v1.Health/Check")(
+        NOT_PROTOBUF, timeout=30
+    ),
+    "health-watch": lambda channel: list(
+        channel.unary_stream("/grpc.health.v1.Health/Watch")(NOT_PROTOBUF, timeout=30)
+    ),
+    "reflection": lambda channel: list(
+        channel.stream_stream("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo")(
+            iter([NOT_PROTOBUF]), timeout=30
+        )
+    ),
+}
+
+
+@pytest.mark.parametrize("method", MALFORMED_CALLS)
+def test_a_malformed_health_or_reflection_request_is_invalid_argument_not_a_bug(service, method):
+    """Their messages were parsed by protobuf unguarded: INTERNAL, a traceback logged as the service's bug,
+    counted as internal_error (which the DBFServerErrors alert watches), for a client's bytes."""
+    _, address = service
+    bugs = _errors("internal_error")
+    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
+        MALFORMED_CALLS[method](channel)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not a request message of this method" in refused.value.details()
+    assert _errors("internal_error") == bugs
+
+
 def test_health_and_reflection(service):
     _, address = service
     with grpc.insecure_channel(address) as channel:
