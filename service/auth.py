@@ -57,8 +57,9 @@ def verify_token(token: str | None, key: SecretStr | None) -> None:
 
 def bearer_token(authorization: str | None) -> str | None:
     """The token of an ``Authorization: Bearer <token>`` value, read as HTTPBearer reads REST's (the scheme
-    in any case, spaces around the token dropped); None for none or another scheme."""
-    scheme, _, token = (authorization or "").partition(" ")
+    in any case, spaces around the token dropped); None for none or another scheme. Spaces around the value
+    are dropped too: HTTP's parser drops them from REST's headers, gRPC hands metadata over as sent."""
+    scheme, _, token = (authorization or "").strip().partition(" ")
     token = token.strip()
     return token if scheme.lower() == "bearer" and token else None
 

@@ -161,24 +161,17 @@ def decode(
             f"raw_input_contents has {len(raw)} entries for {len(message.inputs)} inputs: send one per "
             "input, in input order"
         )
-    inputs, flat = [], {}
+    inputs, flat, unfit = [], {}, {}
     # Beyond one input more than the model has views, v2's checks refuse one already (unknown or repeated):
     # the rest need not be read. So for the outputs.
     for i, tensor in enumerate(message.inputs[: len(signature.views) + 1]):
         where = f"inputs[{i}] ({tensor.name})"
-        typed = tensor.HasField("contents")
-        if raw and typed:
-            raise InvalidInput(f"{where}: both contents and raw_input_contents; send the tensors one way")
         parameters = _values(tensor.parameters)
-        if not (raw or typed):
-            v2.refuse_shared_memory(parameters, where, "send its data in the message")
         if tensor.datatype == "FP32":  # another is refused by v2's checks, whatever its data
-            shape = list(tensor.shape)
-            checked = _counted_here(shape, max_samples)
-            if raw:
-                flat[i] = _raw_values(raw[i], f"{where}: raw_input_contents[{i}]", shape, checked=checked)
-            else:
-                flat[i] = _typed_values(tensor.contents, where, shape, checked=checked)
+            try:
+                flat[i] = _fp32_values(tensor, raw[i] if raw else None, where, i, parameters)
+            except InvalidInput as error:  # said by v2's checks where REST's data would be: after the shape
+                flat[i], unfit[i] = np.empty(0, np.float32), error.message
         else:
             flat[i] = np.empty(0, np.float32)
         # REST's binary extension (kserve's client sends it beside raw contents): no meaning over gRPC,
@@ -191,7 +184,9 @@ def decode(
     request = InferRequest(
         inputs=inputs, id=message.id or None, parameters=_values(message.parameters), outputs=outputs or None
     )
-    return v2.tensors_request(request, flat, b"", signature, max_samples, binary_request=bool(raw))
+    return v2.tensors_request(
+        request, flat, b"", signature, max_samples, binary_request=bool(raw), unfit=unfit
+    )
 
 
 def encode(context: v2.Context, result: Result) -> bytes:
@@ -233,18 +228,30 @@ def metadata(signature: ModelSignature) -> pb.ModelMetadataResponse:
     )
 
 
-def _counted_here(shape: list[int], max_samples: int) -> bool:
-    """Whether an input's values are counted against its ``shape`` as they are read: where v2's checks take
-    the shape (two dimensions, none negative, at most ``max_samples`` rows). They refuse any other first,
-    whatever the values, as over REST (400; 413 for too many rows)."""
-    return len(shape) == 2 and min(shape) >= 0 and shape[0] <= max_samples
-
-
-def _typed_values(
-    contents: pb.InferTensorContents, where: str, shape: list[int], *, checked: bool
+def _fp32_values(
+    tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None, where: str, i: int, parameters: dict
 ) -> np.ndarray:
-    """An FP32 input's typed values: its ``fp32_contents``, and no values of another type beside them; their
-    count checked against ``shape``'s where ``checked`` (:func:`_counted_here`)."""
+    """An FP32 input's values: ``raw`` (its ``raw_input_contents`` entry, read in place), else its typed
+    ``fp32_contents`` and no values of another type beside them; their count checked against its shape
+    where that has two dimensions (v2's checks refuse any other)."""
+    typed = tensor.HasField("contents")
+    if raw is not None and typed:
+        raise InvalidInput(f"{where}: both contents and raw_input_contents; send the tensors one way")
+    shape = list(tensor.shape)
+    takes = shape[0] * shape[1] if len(shape) == 2 else None
+    if raw is not None:
+        if len(raw) % 4:
+            raise InvalidInput(
+                f"{where}: raw_input_contents[{i}] is {len(raw)} bytes, not a whole number of FP32 values"
+            )
+        if takes is not None and len(raw) != 4 * takes:
+            raise InvalidInput(
+                f"{where}: raw_input_contents[{i}] is {len(raw)} bytes; {shape} FP32 takes {4 * takes}"
+            )
+        return np.frombuffer(raw, dtype="<f4")
+    if not typed:
+        v2.refuse_shared_memory(parameters, where, "send its data in the message")
+    contents = tensor.contents
     others = [field.name for field, _ in contents.ListFields() if field.name != "fp32_contents"]
     if others:
         raise InvalidInput(
@@ -252,23 +259,11 @@ def _typed_values(
             "raw_input_contents)"
         )
     values = contents.fp32_contents
-    if checked and len(values) != shape[0] * shape[1]:
+    if takes is not None and len(values) != takes:
         if not len(values):
             raise InvalidInput(f"{where}: no fp32_contents and no raw_input_contents")
-        raise InvalidInput(
-            f"{where}: fp32_contents has {len(values)} values; {shape} FP32 takes {shape[0] * shape[1]}"
-        )
+        raise InvalidInput(f"{where}: fp32_contents has {len(values)} values; {shape} FP32 takes {takes}")
     return np.array(values, dtype=np.float32)
-
-
-def _raw_values(data: bytes, where: str, shape: list[int], *, checked: bool) -> np.ndarray:
-    """An FP32 input's raw bytes as float32, read in place; their size checked against ``shape``'s, in
-    bytes, where ``checked`` (:func:`_counted_here`)."""
-    if len(data) % 4:
-        raise InvalidInput(f"{where} is {len(data)} bytes, not a whole number of FP32 values")
-    if checked and len(data) != 4 * shape[0] * shape[1]:
-        raise InvalidInput(f"{where} is {len(data)} bytes; {shape} FP32 takes {4 * shape[0] * shape[1]}")
-    return np.frombuffer(data, dtype="<f4")
 
 
 def _values(parameters: Mapping[str, pb.InferParameter]) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from service.errors import InvalidInput, Overloaded, RequestTimeout
 
@@ -127,7 +128,7 @@ class MessageReads:
         ``answering`` wraps the new behaviour so that the reads' refusals become statuses (the front end's
         error mapping): it takes and returns a coroutine function ``(requests, context)``.
         """
-        deserialize = handler.request_deserializer or _as_is
+        deserialize = _as_is if handler.request_deserializer is None else _read(handler.request_deserializer)
         if handler.request_streaming:
             inner = handler.stream_stream if handler.response_streaming else handler.stream_unary
 
@@ -182,6 +183,19 @@ _SHED = (
 
 def _as_is(message: Any) -> Any:
     return message
+
+
+def _read(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """``deserialize`` (health's, reflection's: protobuf's parser), bytes that are no such message the
+    client's mistake (INVALID_ARGUMENT), not a bug of the service's (INTERNAL, logged, alerting)."""
+
+    def read(message: bytes) -> Any:
+        try:
+            return deserialize(message)
+        except DecodeError as error:
+            raise InvalidInput(f"not a request message of this method: {error}") from None
+
+    return read
 
 
 class BoundedServer:

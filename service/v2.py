@@ -117,15 +117,18 @@ def tensors_request(
     max_samples: int,
     *,
     binary_request: bool,
+    unfit: Mapping[int, str] | None = None,
 ) -> tuple[InferenceRequest, Context]:
     """An Open Inference Protocol request, read off its wire (REST's JSON and binary tensors here, gRPC's
     messages in :mod:`service.grpc_codec`), checked against the model: its inputs' data are ``flat``'s
     arrays (by input position; numbers already read), else binary (``binary_data_size`` bytes of
-    ``binary`` each, in input order), else their JSON ``data``."""
+    ``binary`` each, in input order), else their JSON ``data``. ``unfit``: why some of ``flat``'s do not
+    fit their inputs' shapes, in their wire's words, said where their data are checked (after the
+    inputs' names, datatypes and shapes, whose errors come first whatever the data)."""
     method, lam, coverage = _options(request.parameters, signature)
     views, index = signature.views, signature.view_index
     with np.errstate(over="ignore"):  # values beyond float32 become infinity, refused as not finite
-        arrays, absent, n = _arrays(request, flat, binary, signature, max_samples)
+        arrays, absent, n = _arrays(request, flat, binary, signature, max_samples, unfit or {})
     if n is None:
         raise InvalidInput(f"no inputs: send at least one of {list(index)}")
     features = {view.name: arrays.get(view.name, np.empty((0, view.dim), np.float32)) for view in views}
@@ -459,6 +462,7 @@ def _arrays(
     binary: bytes,
     signature: ModelSignature,
     max_samples: int,
+    unfit: Mapping[int, str],
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], int | None]:
     """Each input's float32 rows (from binary data, ``flat``'s numbers read by the fast reader or from
     gRPC's contents, or its JSON ``data``), checked against the model's views, with the rows all NaN left
@@ -499,6 +503,8 @@ def _arrays(
             array = np.frombuffer(binary, dtype="<f4", count=rows * dim, offset=offset).reshape(rows, dim)
             offset += size
         elif i in flat:
+            if i in unfit:
+                raise InvalidInput(unfit[i])
             if flat[i].size != rows * dim:
                 raise InvalidInput(_malformed(rows * dim, where))
             array = flat[i].astype(np.float32, copy=False).reshape(rows, dim)  # float64 read from JSON

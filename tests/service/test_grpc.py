@@ -7,6 +7,8 @@ Every answer is REST's answer to the same request, to the bit; every error REST'
 from __future__ import annotations
 
 import asyncio
+import collections
+import http.client
 import json
 import re
 import signal
@@ -28,6 +30,7 @@ from service import v2
 from service.proto import grpc_predict_v2_pb2 as pb
 from tests.service import grpc_clients
 from tests.service.conftest import MODELS, free_port, service_process, serving, start_and_fail
+from tests.service.test_request_limits import peak_rss
 
 KEY = "grpc-secret"
 HANDWRITTEN = {"pix": 240, "fou": 76, "fac": 216, "zer": 47, "kar": 64, "mor": 6}
@@ -319,6 +322,28 @@ def test_rest_and_grpc_read_the_authorization_alike(guarded, authorization, serv
     )
 
 
+def test_spaces_around_the_authorization_value_are_dropped_as_over_rest(guarded):
+    """HTTP's parser drops them from REST's headers (httpx will not send them: http.client does); gRPC
+    hands its metadata over as sent, and refused the key REST took."""
+    url, address = guarded
+    authorization = f" Bearer {KEY} "
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    connection.request("GET", "/v2/models/handwritten/ready", headers={"Authorization": authorization})
+    assert connection.getresponse().status == 200
+    connection.close()
+    with grpc.insecure_channel(address) as channel:
+        ready = channel.unary_unary(
+            "/inference.GRPCInferenceService/ModelReady",
+            request_serializer=pb.ModelReadyRequest.SerializeToString,
+            response_deserializer=pb.ModelReadyResponse.FromString,
+        )
+        answer = ready(
+            pb.ModelReadyRequest(name="handwritten"), metadata=[("authorization", authorization)], timeout=10
+        )
+    assert answer.ready
+
+
 def test_with_the_key_a_call_is_served(guarded, triton):
     url, address = guarded
     key = {"authorization": f"Bearer {KEY}"}
@@ -499,6 +524,48 @@ def test_more_rows_than_a_request_takes_are_refused_as_over_rest_whatever_the_da
 
 
 @pytest.mark.parametrize(
+    "inputs",
+    [
+        [("foo", [1, 6])],
+        [("mor", [0, 6])],
+        [("mor", [1, 7])],
+        [("mor", [1, 6]), ("mor", [1, 6])],
+        [("mor", [1, 6]), ("kar", [2, 64])],
+    ],
+    ids=["unknown-name", "no-rows", "another-dim", "given-twice", "rows-differ"],
+)
+@pytest.mark.parametrize("data", ["typed", "raw", "odd-bytes", "shared-memory"])
+def test_a_mistake_in_an_inputs_name_or_shape_is_named_as_over_rest_whatever_its_data(service, inputs, data):
+    """REST checks an input's name, datatype, shape and rows before its data; gRPC checked the data against
+    the shape first: an input REST calls unknown, or given twice, was "fp32_contents has 5 values; [1, 6]
+    FP32 takes 6" (or "not a whole number of FP32 values", or "the shared-memory extension is not
+    supported"). The last input's data fit no shape here (5 values); those before it fit theirs."""
+    url, address = service
+    request = pb.ModelInferRequest(model_name="handwritten")
+    rest_inputs = []
+    for i, (name, shape) in enumerate(inputs):
+        last = i == len(inputs) - 1
+        values = [0.5] * (5 if last else shape[0] * shape[1])
+        tensor = request.inputs.add(name=name, datatype="FP32", shape=shape)
+        sent = {"name": name, "datatype": "FP32", "shape": shape, "data": values}
+        if last and data == "shared-memory":
+            tensor.parameters["shared_memory_region"].string_param = "input0"
+            sent["parameters"] = {"shared_memory_region": "input0"}
+            del sent["data"]
+        elif data == "typed" or data == "shared-memory":
+            tensor.contents.fp32_contents.extend(values)
+        else:
+            raw = np.array(values, "<f4").tobytes()
+            request.raw_input_contents.append(raw + b"\0" if last and data == "odd-bytes" else raw)
+        rest_inputs.append(sent)
+    answer = httpx.post(url + "/v2/models/handwritten/infer", json={"inputs": rest_inputs})
+    assert answer.status_code == 400, answer.text
+    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
+        infer_stub(channel, serializer=None)(request.SerializeToString(), timeout=30)
+    assert (refused.value.code().name, refused.value.details()) == (CODES[400], answer.json()["error"])
+
+
+@pytest.mark.parametrize(
     ("method", "said"),
     [
         ("/inference.GRPCInferenceService/RepositoryModelLoad", "POST /v1/admin/reload"),
@@ -553,6 +620,36 @@ def test_a_malformed_metadata_request_is_invalid_argument(service):
         channel.unary_unary("/inference.GRPCInferenceService/ModelReady")(b"\xff\xff\xff", timeout=30)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "not a ModelReadyRequest message" in refused.value.details()
+
+
+NOT_PROTOBUF = b"\xff\xff\xff"
+# Health's and reflection's methods, each called with bytes that are no message, as its kind of call sends.
+MALFORMED_CALLS = {
+    "health-check": lambda channel: channel.unary_unary("/grpc.health.v1.Health/Check")(
+        NOT_PROTOBUF, timeout=30
+    ),
+    "health-watch": lambda channel: list(
+        channel.unary_stream("/grpc.health.v1.Health/Watch")(NOT_PROTOBUF, timeout=30)
+    ),
+    "reflection": lambda channel: list(
+        channel.stream_stream("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo")(
+            iter([NOT_PROTOBUF]), timeout=30
+        )
+    ),
+}
+
+
+@pytest.mark.parametrize("method", MALFORMED_CALLS)
+def test_a_malformed_health_or_reflection_request_is_invalid_argument_not_a_bug(service, method):
+    """Their messages were parsed by protobuf unguarded: INTERNAL, a traceback logged as the service's bug,
+    counted as internal_error (which the DBFServerErrors alert watches), for a client's bytes."""
+    _, address = service
+    bugs = _errors("internal_error")
+    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
+        MALFORMED_CALLS[method](channel)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not a request message of this method" in refused.value.details()
+    assert _errors("internal_error") == bugs
 
 
 def test_health_and_reflection(service):
@@ -1044,3 +1141,51 @@ def test_a_call_queued_past_its_deadline_is_not_computed():
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(_answering(cancelled, stopping=asyncio.Event())(b"", _ExpiredCall()))
     assert count("client_disconnected") == gone + 1
+
+
+def test_calls_not_yet_taken_hold_little_of_their_messages():
+    """gRPC lets a call send what its flow-control window allows before the service asks for its message;
+    gRPC's bandwidth probe grew that window to megabytes on a fast link, so calls the service had not taken
+    yet (gRPC queues them; or waiting for a read slot) held their whole messages outside every budget: 1,200
+    concurrent 1 MB calls from one client took the service from 154 MB to 1.2 GB (2,500: 2 GB). Each is
+    served, or refused as overload; the memory stays within a few body budgets."""
+    port = free_port()
+    handwritten = str(MODELS / "handwritten")
+    with service_process("--grpc-port", str(port), "--model-dir", handwritten) as (_, process):
+        before = peak_rss(process.pid)
+        codes = asyncio.run(_concurrent_calls(f"127.0.0.1:{port}", calls=1200, channels=10, rows=400))
+        grown = peak_rss(process.pid) - before
+    assert set(codes) <= {"OK", "UNAVAILABLE"} and codes["OK"], codes
+    print(f"1,200 concurrent 1 MB calls: {codes}, peak RSS {grown / 2**20:.0f} MiB over the idle service's")
+    assert grown < 3 * 128 * 2**20  # DBF_BODY_MEMORY_BYTES, thrice (answers, copies)
+
+
+async def _concurrent_calls(address: str, *, calls: int, channels: int, rows: int) -> collections.Counter:
+    """How ``calls`` ModelInfer calls of ``rows`` HandWritten samples, all at once over ``channels``
+    connections, ended: status codes counted."""
+    request = pb.ModelInferRequest(model_name="handwritten")
+    for name, array in features(rows).items():
+        request.inputs.add(name=name, datatype="FP32", shape=array.shape)
+        request.raw_input_contents.append(array.tobytes())
+    body = request.SerializeToString()
+    # Each channel its own connection (channels to one address share one otherwise).
+    opened = [
+        grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(channels)
+    ]
+    codes: collections.Counter = collections.Counter()
+
+    async def call(channel: grpc.aio.Channel) -> None:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        try:
+            await infer(body, timeout=120)
+            codes["OK"] += 1
+        except grpc.aio.AioRpcError as error:
+            codes[error.code().name] += 1
+
+    try:
+        await asyncio.gather(*(call(opened[i % channels]) for i in range(calls)))
+    finally:
+        for channel in opened:
+            await channel.close()
+    return codes
