@@ -1153,10 +1153,12 @@ def test_calls_not_yet_taken_hold_little_of_their_messages():
     handwritten = str(MODELS / "handwritten")
     with service_process("--grpc-port", str(port), "--model-dir", handwritten) as (_, process):
         before = peak_rss(process.pid)
-        codes = asyncio.run(_concurrent_calls(f"127.0.0.1:{port}", calls=1200, channels=10, rows=400))
+        # 100 calls a connection, within its 128 streams, and 800 in all, below the ~1,000 calls gRPC holds
+        # before it cancels some itself (docs/api/grpc.md): a loaded machine saw one CANCELLED at 1,200.
+        codes = asyncio.run(_concurrent_calls(f"127.0.0.1:{port}", calls=800, channels=8, rows=400))
         grown = peak_rss(process.pid) - before
     assert set(codes) <= {"OK", "UNAVAILABLE"} and codes["OK"], codes
-    print(f"1,200 concurrent 1 MB calls: {codes}, peak RSS {grown / 2**20:.0f} MiB over the idle service's")
+    print(f"800 concurrent 1 MB calls: {codes}, peak RSS {grown / 2**20:.0f} MiB over the idle service's")
     assert grown < 3 * 128 * 2**20  # DBF_BODY_MEMORY_BYTES, thrice (answers, copies)
 
 
