@@ -417,6 +417,12 @@ async def start(plane: DataPlane, settings: Settings, version: str) -> GrpcFront
         # HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS (gRPC sends none unless asked): a client opens at most
         # so many calls on one connection, and queues the others itself.
         ("grpc.max_concurrent_streams", STREAMS_PER_CONNECTION),
+        # Streams past that limit are still refused (a client that ignores it), but not those past it
+        # counted with the calls the server has yet to free after the client saw them end: that "overload
+        # protection" refused a well-behaved client's queued calls (UNAVAILABLE, "Stream removed", no
+        # retry-after) once it kept more than about 130 calls going. The service's own admission bounds the
+        # calls (read slots, DBF_MAX_IN_FLIGHT), and a rapid reset fared no better with it.
+        ("grpc.http.overload_protection", 0),
     ]
     key = settings.api_key
     server = grpc.aio.server(options=options, interceptors=() if key is None else (KeyFirst(key),))
