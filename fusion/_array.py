@@ -46,16 +46,34 @@ def as_floating(x: Array, xp: Any) -> Array:
 
 
 def sum_last(x: Array, xp: Any) -> Array:
-    """Sum over the last axis, ``(..., K) -> (...)``.
-
-    numpy's reduction over a short trailing axis runs several times slower than the same sum as a BLAS
-    matrix-vector product; other backends use their own ``sum``.
-    """
-    if xp is _numpy:
-        k = x.shape[-1]
-        if x.ndim >= 2 and x.size:
-            return (_numpy.reshape(x, (-1, k)) @ _numpy.ones(k, dtype=x.dtype)).reshape(x.shape[:-1])
+    """Sum over the last axis, ``(..., K) -> (...)``; with numpy, a float row's terms added in order
+    (:func:`_numpy_sum_in_order`; integers sum exactly in any order); other backends use their own ``sum``."""
+    if xp is _numpy and x.dtype.kind == "f" and x.ndim >= 1 and x.size:
+        return _numpy_sum_in_order(x)
     return xp.sum(x, axis=-1)
+
+
+# Rows past which a sum in order is a loop over the classes (vectorised over the rows) rather than a cumsum.
+_ROWS_SUMMED_AS_COLUMNS = 16
+
+
+def _numpy_sum_in_order(x: Any) -> Any:
+    """``x[..., 0] + x[..., 1] + ...`` in that order, whatever the batch: a sample's answer must not
+    depend on what it was batched with (the service micro-batches requests). A BLAS matrix-vector
+    product, quicker, sums a row in an order that depends on its place in the batch and the batch's size
+    (OpenBLAS's kernels take rows four at a time), and numpy's own reduction over a contiguous row is
+    pairwise, over a column sequential, and which it does depends on the array's shape. A cumulative sum
+    is sequential by definition; for many rows, the classes' columns added one after another are quicker
+    and add in the same order."""
+    k = x.shape[-1]
+    rows = _numpy.reshape(x, (-1, k))
+    if rows.shape[0] < _ROWS_SUMMED_AS_COLUMNS:
+        return _numpy.cumsum(x, axis=-1)[..., -1]
+    columns = _numpy.ascontiguousarray(rows.T)
+    total = columns[0].copy()
+    for column in columns[1:]:
+        _numpy.add(total, column, out=total)
+    return total.reshape(x.shape[:-1])
 
 
 def sum_of_the_others(x: Array, xp: Any) -> Array:

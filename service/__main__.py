@@ -31,7 +31,7 @@ from pydantic import ValidationError
 
 from service.repository import ModelLoadError, handed_placements, load_repository
 from service.server import supervise, uvicorn_options
-from service.settings import Settings, available_cores, unknown_variables
+from service.settings import Settings, available_cores, session_threads, unknown_variables
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -99,6 +99,14 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["DBF_LOG_LEVEL"] = args.log_level  # the service's own loggers too, not only uvicorn's
     if args.workers == "auto":
         args.workers = available_cores()
+    threads = session_threads(defaults.onnx_threads, args.workers, available_cores())
+    if threads < defaults.onnx_threads:
+        print(
+            f"warning: DBF_ONNX_THREADS={defaults.onnx_threads} with {args.workers} worker(s) on "
+            f"{available_cores()} core(s) would run more threads than cores: each session gets {threads} "
+            "(at most the cores over the workers)",
+            file=sys.stderr,
+        )
     os.environ["DBF_WORKERS"] = str(args.workers)  # each worker knows it has siblings (admin reload)
     if args.workers > 1:
         # uvicorn's supervisor would swallow a worker's load failure and exit 0: verify and load once here

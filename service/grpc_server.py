@@ -422,6 +422,12 @@ async def start(plane: DataPlane, settings: Settings, version: str) -> GrpcFront
         # not yet taken held their whole messages, outside every budget: 1,200 concurrent 1 MB calls took
         # the service from 154 MB to 1.2 GB. A message asked for is let in whole all the same.
         ("grpc.http2.bdp_probe", 0),
+        # Streams past that limit are still refused (a client that ignores it), but not those past it
+        # counted with the calls the server has yet to free after the client saw them end: that "overload
+        # protection" refused a well-behaved client's queued calls (UNAVAILABLE, "Stream removed", no
+        # retry-after) once it kept more than about 130 calls going. The service's own admission bounds the
+        # calls (read slots, DBF_MAX_IN_FLIGHT), and a rapid reset fared no better with it.
+        ("grpc.http.overload_protection", 0),
     ]
     key = settings.api_key
     server = grpc.aio.server(options=options, interceptors=() if key is None else (KeyFirst(key),))

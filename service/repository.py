@@ -607,7 +607,7 @@ def _calibration(path: Path, manifest: Manifest) -> ModelCalibration | None:
 
 def _options(settings: Settings) -> onnxruntime.SessionOptions:
     options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = settings.onnx_threads
+    options.intra_op_num_threads = settings.session_threads
     options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # idle threads must not burn CPU
     # A head's tensors stored outside its file would be read from the working directory, where no checksum

@@ -145,7 +145,13 @@ class Settings(BaseSettings):
     # a batch runs its views one after another (in one inference thread, or on the event loop when small),
     # and concurrency comes from running batches in parallel (inference_threads), so per-session pools would
     # only oversubscribe the cores.
-    onnx_threads: int = Field(default=1, ge=1, description="threads of each view's onnxruntime session")
+    # More than the worker's share of the cores is not given (session_threads): N workers' sessions
+    # together would run more threads than there are cores.
+    onnx_threads: int = Field(
+        default=1,
+        ge=1,
+        description="threads of each view's onnxruntime session (at most the cores over the workers)",
+    )
     # The cores this process may use, not the host's: a container's --cpus or a pod's CPU limit would
     # otherwise get a thread per core of the machine, and be throttled.
     inference_threads: int = Field(
@@ -177,6 +183,12 @@ class Settings(BaseSettings):
     max_connections: int = Field(
         default=1024, ge=1, description="open connections; over it the stalest idle one is closed"
     )
+
+    @property
+    def session_threads(self) -> int:
+        """Each onnxruntime session's intra-op threads in this worker (:func:`session_threads`)."""
+        workers = available_cores() if self.workers == "auto" else self.workers
+        return session_threads(self.onnx_threads, workers, available_cores())
 
     @field_validator("model_dir", mode="before")
     @classmethod
@@ -230,6 +242,20 @@ def available_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
     if quota_us <= 0 or period_us <= 0:
         return cores
     return max(1, min(cores, -(-quota_us // period_us)))
+
+
+def session_threads(onnx_threads: int, workers: int, cores: int) -> int:
+    """``DBF_ONNX_THREADS``, at most the worker's share of the cores (``cores // workers``, one at least):
+    the workers' sessions together then run no more threads than the process has cores. Each worker
+    process has its own sessions, and ``--workers auto`` already starts one per core: there, and with two
+    workers on two cores, ``DBF_ONNX_THREADS=2`` gave 4 threads to 2 cores.
+
+    >>> session_threads(4, workers=2, cores=8), session_threads(4, workers=1, cores=2)
+    (4, 2)
+    >>> session_threads(2, workers=2, cores=2), session_threads(1, workers=3, cores=2)
+    (1, 1)
+    """
+    return min(onnx_threads, max(1, cores // workers))
 
 
 # DBF_* variables read by others than the service: fit's data directory, and the test suite's knobs.

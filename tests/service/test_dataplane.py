@@ -120,8 +120,8 @@ def test_each_request_gets_its_own_answer_batched_or_not(batching):
     for alone, got in zip(requests, answers, strict=False):
         expected = asyncio.run(plane(batching=False).infer(model, alone))
         assert got.label.tolist() == expected.label.tolist() and got.method == alone.method
-        np.testing.assert_allclose(got.probability, expected.probability, rtol=1e-5, atol=1e-7)
-        np.testing.assert_allclose(got.conflict, expected.conflict, rtol=1e-5, atol=1e-7)
+        for name in ("probability", "belief", "uncertainty", "conflict", "discount", "confidence"):
+            assert getattr(got, name).tobytes() == getattr(expected, name).tobytes(), name  # to the bit
         assert got.present.tolist() == alone.present.tolist()
     error = answers[-1]
     assert isinstance(error, InvalidInput) and error.sample == 0 and error.view is not None

@@ -210,11 +210,9 @@ def test_errors_are_status_codes_with_rests_messages(service, triton, model, giv
 
 
 def test_concurrent_aio_calls_each_get_their_own_answer(service, triton):
-    """Calls at once on one channel (micro-batched together by the service): each its own samples' answer.
-
-    Batched with other calls, a sample's heads run on more rows than alone, which can move the last float32
-    bit (onnxruntime's matrix products block by rows): the numbers are compared to float32 rounding here, the
-    labels, sets and flags exactly; one call alone equals REST's to the bit (the tests above)."""
+    """Calls at once on one channel (micro-batched together by the service): each its own samples' answer,
+    to the bit the answer REST gives them alone (fusion summed rows by BLAS, whose rounding moved with a
+    sample's place in its batch)."""
     url, address = service
     batches = [features(1 + i % 4, seed=100 + i) for i in range(24)]
     answers = triton.submit(grpc_clients.triton_aio_infer_many, address, "handwritten", batches).result()
@@ -224,10 +222,7 @@ def test_concurrent_aio_calls_each_get_their_own_answer(service, triton):
         for name, array in expected.items():
             got = answer["outputs"][name]
             assert got.dtype == array.dtype and got.shape == array.shape, name
-            if np.issubdtype(array.dtype, np.floating):
-                np.testing.assert_allclose(got, array, rtol=1e-5, atol=1e-7, err_msg=name)
-            else:
-                assert np.array_equal(got, array), name
+            assert got.tobytes() == array.tobytes(), name
 
 
 def test_concurrent_calls_reaching_the_core_one_by_one_are_batched_together(triton):
@@ -424,6 +419,32 @@ def test_typed_contents_are_answered_typed_and_as_rest(service):
         values = getattr(output.contents, field[output.datatype])
         got[output.name] = np.array(values, dtype=expected[output.name].dtype).reshape(output.shape)
     assert_identical(got, expected)
+
+
+def test_more_calls_at_once_than_a_connection_carries_wait_in_the_client_and_are_all_answered(service):
+    """A connection carries 128 calls at once (SETTINGS_MAX_CONCURRENT_STREAMS) and gRPC's clients queue the
+    rest. gRPC core's server also refused new streams (RST_STREAM REFUSED_STREAM) while more than 128 were
+    still allocated on its side, calls that had ended for the client but that the server had not yet freed:
+    of 200 one-sample calls at once on one channel, 19-68 failed UNAVAILABLE "Stream removed", with no
+    retry-after, on an idle service (probe: beyond 130 or so calls at once)."""
+    _, address = service
+    request = pb.ModelInferRequest(model_name="handwritten", inputs=[], raw_input_contents=[])
+    for name, array in features(1, seed=4).items():
+        request.inputs.add(name=name, datatype="FP32", shape=array.shape)
+        request.raw_input_contents.append(array.tobytes())
+
+    async def at_once(calls: int) -> list[Any]:
+        async with grpc.aio.insecure_channel(address) as channel:
+            infer = infer_stub(channel)
+            await infer(request, timeout=30)  # the connection's SETTINGS in: the client knows the limit
+            return await asyncio.gather(
+                *(infer(request, timeout=60) for _ in range(calls)), return_exceptions=True
+            )
+
+    answers = asyncio.run(at_once(300))
+    failed = [f"{a.code().name}: {a.details()}" for a in answers if isinstance(a, grpc.aio.AioRpcError)]
+    assert not failed, (len(failed), sorted(set(failed)))
+    assert all(isinstance(a, pb.ModelInferResponse) for a in answers)
 
 
 def mor_message(

@@ -4,12 +4,14 @@ told to need), with one process or several, and names the file at fault when it 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import httpx
 import pytest
 
-from tests.service.conftest import MODELS, running_service, start_and_fail
+from tests.service.conftest import MODELS, running_service, service_process, start_and_fail
+from tests.service.test_reload import _until_every_worker_serves, worker_processes
 from tests.service.test_service import metric, post, zeros_sample
 
 
@@ -66,6 +68,22 @@ def test_metrics_add_up_across_worker_processes():
             )
         assert metric(base, "dbf_predictions_total", model="cub", method="dbf") == 24
         assert metric(base, "dbf_model_info", model="cub", view="text", provider="CPUExecutionProvider") == 1
+
+
+def test_the_workers_sessions_run_no_more_threads_than_the_process_has_cores():
+    """Each worker process builds its own onnxruntime sessions, each with DBF_ONNX_THREADS threads: two
+    workers on one core with DBF_ONNX_THREADS=4 held 18 threads more each than with 1 (HandWritten's 6
+    heads x 3), 8 threads ready to compute on 1 core. A session gets at most the cores over the workers."""
+    one_core = ("taskset", "-c", str(min(os.sched_getaffinity(0))))
+    threads = {}
+    for onnx_threads in ("1", "4"):
+        env = {"DBF_ONNX_THREADS": onnx_threads}
+        args = ("--model-dir", str(MODELS / "handwritten"), "--workers", "2", "--grpc-port", "0")
+        with service_process(*args, env=env, under=one_core) as (url, service):
+            workers = set(worker_processes(service.pid))
+            _until_every_worker_serves(url, workers)  # every worker's sessions built
+            threads[onnx_threads] = sorted(len(os.listdir(f"/proc/{pid}/task")) for pid in workers)
+    assert all(a < b + 6 for a, b in zip(threads["4"], threads["1"], strict=True)), threads
 
 
 def test_a_tampered_model_stops_every_worker_count(tmp_path):
