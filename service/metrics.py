@@ -25,6 +25,13 @@ FLAGGED_BY_VIEW = Counter(
     "Flagged samples by the view most to blame, to name a failing modality.",
     ["model", "view"],
 )
+# Whatever the fusion method: dbf_view_discount counts DBF's requests only, so a view's samples sent with
+# another method looked not sent (DBFViewMissing fired for every view of clean bcf traffic).
+VIEW_FUSED = Counter(
+    "dbf_view_fused",
+    "Samples in which the view was fused (sent and within its training range), whatever the fusion method.",
+    ["model", "view"],
+)
 OUT_OF_RANGE = Counter(
     "dbf_out_of_range",
     "Views sent too far outside their training range, fused as if missing: data unlike the training data.",
@@ -164,6 +171,7 @@ def initialise(
         for view in views:
             FLAGGED_BY_VIEW.labels(model, view)
             VIEW_DISCOUNT.labels(model, view)
+            VIEW_FUSED.labels(model, view)
             OUT_OF_RANGE.labels(model, view)
     for reason in reasons:
         ERRORS.labels(reason=reason)
@@ -216,6 +224,7 @@ def _publish(gauge: Gauge, values: dict[tuple[str, ...], float]) -> None:
 @dataclass(frozen=True)
 class ViewChildren:
     discount: Histogram
+    fused: Counter
     flagged: Counter
     out_of_range: Counter
 
@@ -245,6 +254,7 @@ def _children(model: str, method: str, views: tuple[str, ...]) -> ModelChildren:
         tuple(
             ViewChildren(
                 VIEW_DISCOUNT.labels(model, v),
+                VIEW_FUSED.labels(model, v),
                 FLAGGED_BY_VIEW.labels(model, v),
                 OUT_OF_RANGE.labels(model, v),
             )

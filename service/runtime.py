@@ -222,6 +222,10 @@ def _record(
         values.append(judged.confidence)
         metrics.observe_many([children.set_size], [judged.sets.sum(-1)])
     metrics.observe_many(unit, values)
+    fused_counts = [len(flagged)] * len(children.views) if complete else fused_views.sum(0).tolist()
+    for view_children, count in zip(children.views, fused_counts, strict=True):
+        if count:
+            view_children.fused.inc(count)
     if out_of_range.any():
         for view_children, count in zip(children.views, out_of_range.sum(0).tolist(), strict=True):
             if count:
