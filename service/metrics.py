@@ -88,10 +88,32 @@ MICRO_BATCH = Histogram(
 )
 # By the protocol the request came in: "rest" (v1 and v2 over HTTP) or "grpc" (service/grpc_codec.py).
 PROTOCOLS = ("rest", "grpc")
+# From a quarter of a millisecond: a one-sample predict takes about 1 ms, and prometheus-client's default
+# buckets (from 5 ms) held 97% of such requests in their first, so every quantile below it read as a guess
+# (p50 2.6 ms for a mean of 1.3 ms). 2.5 s stays a bound: DBFHighLatency compares with it exactly.
+_LATENCY = (
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
 REQUEST_SECONDS = Histogram(
     "dbf_request_duration_seconds",
     "Predict request latency, from the body read and the model found to the answer or refusal.",
     ["model", "protocol"],
+    buckets=_LATENCY,
 )
 ERRORS = Counter("dbf_errors", "Error responses by reason.", ["reason"])
 RELOADS = Counter("dbf_model_reloads", "Model repository reloads, by outcome.", ["outcome"])
