@@ -47,7 +47,8 @@ VIEW_AGREED = Counter(
 )
 VIEW_COMPARED = Counter(
     "dbf_view_compared",
-    "Samples in which the view is fused beside another view: where its agreement is measured.",
+    "Samples in which the view is fused beside another view, of a share of the traffic (one batch per "
+    "DBF_AGREEMENT_INTERVAL_SECONDS at most, up to 16 of its samples): where its agreement is measured.",
     ["model", "view"],
 )
 UNCERTAINTY = Histogram(
