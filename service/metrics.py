@@ -49,7 +49,7 @@ OUT_OF_RANGE = Counter(
     "Views sent too far outside their training range, fused as if missing: data unlike the training data.",
     ["model", "view"],
 )
-# A view's top class against that of the other views fused, where the view is fused beside another: a view
+# A view's top class against that of the other views fused, where every view is fused: a view
 # failing within its training range agrees far less than on clean data, even one the fused prediction
 # follows. Counted only for models whose manifest measured the clean rate (``view_agreement``).
 VIEW_AGREED = Counter(
@@ -59,8 +59,9 @@ VIEW_AGREED = Counter(
 )
 VIEW_COMPARED = Counter(
     "dbf_view_compared",
-    "Samples in which the view is fused beside another view, of a share of the traffic (one batch per "
-    "DBF_AGREEMENT_INTERVAL_SECONDS at most, up to 16 of its samples): where its agreement is measured.",
+    "Samples in which every view of the model is fused, of a share of the traffic (one batch per "
+    "DBF_AGREEMENT_INTERVAL_SECONDS at most, up to 16 of its samples): where the view's agreement is "
+    "measured, as its clean rate was.",
     ["model", "view"],
 )
 UNCERTAINTY = Histogram(
