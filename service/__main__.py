@@ -35,6 +35,18 @@ from service.settings import Settings, available_cores, session_threads, unknown
 
 
 def main(argv: list[str] | None = None) -> None:
+    defaults = _settings()
+    args = _arguments(argv, defaults)
+    _warn(args, defaults)
+    _hand_on(args)
+    if args.workers > 1:
+        _load_before_the_workers()
+        _share_metrics(args.workers)
+    _serve(args, defaults)
+
+
+def _settings() -> Settings:
+    """The ``DBF_*`` settings, or an exit naming each variable that is wrong (never its value: a key)."""
     unknown = unknown_variables(os.environ)
     if unknown:
         sys.exit(
@@ -42,13 +54,17 @@ def main(argv: list[str] | None = None) -> None:
             "name or unset it (the settings: docs/operations/configuration.md)"
         )
     try:
-        defaults = Settings()
+        return Settings()
     except ValidationError as error:  # e.g. an empty DBF_API_KEY: say which variable, not a traceback
         # The setting (a union's members name themselves after it in the place), never its value (a key).
         problems = "; ".join(
             dict.fromkeys(f"DBF_{str(e['loc'][0]).upper()}: {e['msg']}" for e in error.errors())
         )
         sys.exit(f"error: invalid settings: {problems}")
+
+
+def _arguments(argv: list[str] | None, defaults: Settings) -> argparse.Namespace:
+    """The command line, each flag's default its ``DBF_*`` variable's; ``--workers auto`` resolved."""
     parser = argparse.ArgumentParser(prog="python -m service", description=__doc__)
     parser.add_argument("--host", default=defaults.host)
     parser.add_argument("--port", type=_port(1), default=defaults.port, help="HTTP port (1 to 65535)")
@@ -82,6 +98,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.grpc_port == args.port:
         parser.error(f"--grpc-port {args.grpc_port} is --port's too: give gRPC a port of its own, or 0")
+    if args.workers == "auto":
+        args.workers = available_cores()
+    return args
+
+
+def _warn(args: argparse.Namespace, defaults: Settings) -> None:
+    """Say what the settings leave open (no key on a reachable host) or cut (a session's threads)."""
     if defaults.api_key is None and not _loopback(args.host):
         print(
             f"warning: listening on {args.host} without DBF_API_KEY: any client that reaches the port can "
@@ -89,16 +112,6 @@ def main(argv: list[str] | None = None) -> None:
             "docs/operations/security.md",
             file=sys.stderr,
         )
-    # Each worker process builds the app from the environment: hand the command line's choices on (a flag
-    # beats its DBF_* variable, for the gRPC server's address too).
-    os.environ["DBF_HOST"] = args.host
-    os.environ["DBF_PORT"] = str(args.port)
-    os.environ["DBF_MODEL_DIR"] = str(args.model_dir)
-    os.environ["DBF_DEVICE"] = args.device
-    os.environ["DBF_GRPC_PORT"] = str(args.grpc_port)
-    os.environ["DBF_LOG_LEVEL"] = args.log_level  # the service's own loggers too, not only uvicorn's
-    if args.workers == "auto":
-        args.workers = available_cores()
     threads = session_threads(defaults.onnx_threads, args.workers, available_cores())
     if threads < defaults.onnx_threads:
         print(
@@ -107,31 +120,54 @@ def main(argv: list[str] | None = None) -> None:
             "(at most the cores over the workers)",
             file=sys.stderr,
         )
+
+
+def _hand_on(args: argparse.Namespace) -> None:
+    """Each worker process builds the app from the environment: the command line's choices are handed on
+    there (a flag beats its DBF_* variable, for the gRPC server's address too)."""
+    os.environ["DBF_HOST"] = args.host
+    os.environ["DBF_PORT"] = str(args.port)
+    os.environ["DBF_MODEL_DIR"] = str(args.model_dir)
+    os.environ["DBF_DEVICE"] = args.device
+    os.environ["DBF_GRPC_PORT"] = str(args.grpc_port)
+    os.environ["DBF_LOG_LEVEL"] = args.log_level  # the service's own loggers too, not only uvicorn's
     os.environ["DBF_WORKERS"] = str(args.workers)  # each worker knows it has siblings (admin reload)
-    if args.workers > 1:
-        # uvicorn's supervisor would swallow a worker's load failure and exit 0: verify and load once here
-        # first. (A single worker's failure already stops uvicorn with a non-zero status.)
-        try:
-            repository = load_repository(Settings())
-        except ModelLoadError as error:
-            print(f"error: model repository failed to load: {error}", file=sys.stderr)
-            sys.exit(1)
-        os.environ["DBF_PLACEMENT"] = handed_placements(repository)  # measured here, alone on the box
-        del repository  # its sessions go before the workers start (a CUDA context, if made, stays)
-    if args.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        # Separate processes, separate counters: prometheus-client's multiprocess mode adds them up.
-        try:
-            shared = tempfile.mkdtemp(prefix="dbf-metrics-")
-        except OSError as error:  # e.g. a read-only root filesystem with nothing mounted on /tmp
-            print(
-                f"error: --workers {args.workers} needs a writable directory for the workers' shared metrics "
-                f"({error}): mount one on /tmp (docker run --read-only --tmpfs /tmp) or set "
-                "PROMETHEUS_MULTIPROC_DIR to one",
-                file=sys.stderr,
-            )
-            sys.exit(1)
-        atexit.register(shutil.rmtree, shared, ignore_errors=True)
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = shared
+
+
+def _load_before_the_workers() -> None:
+    """Verify and load the repository once, here: uvicorn's supervisor would swallow a worker's load
+    failure and exit 0 (a single worker's failure already stops uvicorn with a non-zero status). The
+    placements measured here, alone on the box, are handed to the workers."""
+    try:
+        repository = load_repository(Settings())
+    except ModelLoadError as error:
+        print(f"error: model repository failed to load: {error}", file=sys.stderr)
+        sys.exit(1)
+    os.environ["DBF_PLACEMENT"] = handed_placements(repository)
+    del repository  # its sessions go before the workers start (a CUDA context, if made, stays)
+
+
+def _share_metrics(workers: int) -> None:
+    """Separate processes, separate counters: prometheus-client's multiprocess mode adds them up, in a
+    directory of their own unless PROMETHEUS_MULTIPROC_DIR names one."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return
+    try:
+        shared = tempfile.mkdtemp(prefix="dbf-metrics-")
+    except OSError as error:  # e.g. a read-only root filesystem with nothing mounted on /tmp
+        print(
+            f"error: --workers {workers} needs a writable directory for the workers' shared metrics "
+            f"({error}): mount one on /tmp (docker run --read-only --tmpfs /tmp) or set "
+            "PROMETHEUS_MULTIPROC_DIR to one",
+            file=sys.stderr,
+        )
+        sys.exit(1)
+    atexit.register(shutil.rmtree, shared, ignore_errors=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = shared
+
+
+def _serve(args: argparse.Namespace, defaults: Settings) -> None:
+    """Run uvicorn (its supervisor with several workers) until a stop signal."""
     # Graceful shutdown: on SIGTERM (or Ctrl-C) uvicorn stops accepting, lets in-flight requests finish
     # (up to DBF_GRACEFUL_SHUTDOWN_SECONDS), then raises the signal again under the handlers it found.
     # These make that a clean exit 0, which is what docker stop and Kubernetes expect of a deliberate stop.
