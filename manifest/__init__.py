@@ -96,7 +96,7 @@ class OutOfRange(_Strict):
 
 class ViewAgreement(_Strict):
     """How often one view's top class is that of the other views fused cumulatively
-    (``fusion.agrees_with_the_others``), over the samples where it is fused beside another view: a
+    (``fusion.agrees_with_the_others``), over the samples that have every view (as the service counts it): a
     label-free sign of a view that fails within its training range (shuffled, stuck, turned to noise),
     which agrees far less, whichever view the fused prediction follows. Measured on the clean samples the
     flag's threshold is calibrated on (the calibration's ``fitted_on``); the fusion method plays no part."""

@@ -429,21 +429,25 @@ def agreeing_views(split: FusedSplit) -> tuple[np.ndarray, np.ndarray]:
     agreed : ndarray of bool, shape (N, V)
         The view's top class is that of the others fused (:func:`fusion.agrees_with_the_others`).
     compared : ndarray of bool, shape (N, V)
-        The view is fused beside another view.
+        The sample has every view (fused): as the service compares them, a view beside fewer others
+        agreeing at another rate.
     """
     if split.views is None:
         raise ValueError("the split holds no per-view opinions: fuse it with FusedSplit.of_evidence")
     agreed, compared = agrees_with_the_others(split.views, mask=split.present)
-    return np.asarray(agreed), np.asarray(compared)
+    compared = np.asarray(compared)
+    if split.present is not None:
+        compared = compared & split.present.all(-1, keepdims=True)
+    return np.asarray(agreed), compared
 
 
 def view_agreement(
     fitted: FusedSplit, view_names: Sequence[str], *, test: FusedSplit | None = None
 ) -> dict[str, ViewAgreement] | None:
     """The manifest's ``view_agreement``: per view, its agreement rate with the other views fused on the
-    clean samples fitted on (with the low end of its 95% interval), the rate a view independent of the
-    others would have there (its chance level), and its rate on ``test``. Views never fused beside another
-    are left out; None where no view is.
+    clean samples fitted on that have every view (with the low end of its 95% interval), the rate a view
+    independent of the others would have there (its chance level), and its rate on ``test``'s such samples.
+    None where no sample has every view (or the model has one view).
 
     Examples
     --------

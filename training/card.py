@@ -281,7 +281,7 @@ def view_agreement(report: FitReport, manifest: Manifest) -> Section | None:
         )
     text = (
         "How often each view's own top class is that of the other views fused (their evidence summed), on "
-        f"samples where it is fused beside another view, on {_samples(report.post_hoc.fitted_on)} and on "
+        f"samples that have every view, on {_samples(report.post_hoc.fitted_on)} and on "
         "the test split, with 95% intervals; and the agreement of a view whose top class is independent of "
         "the others' (chance: what a view shuffled between samples tends to). No label is needed to count "
         "it, so the service does, per view (`dbf_view_agreed_total`, `dbf_view_compared_total`): a view "

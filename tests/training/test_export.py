@@ -134,7 +134,7 @@ def test_the_flag_keeps_the_score_that_flags_more_conflictive_samples_at_its_thr
     assert np.mean(clean[score] >= threshold) == pytest.approx(0.05, abs=0.002)
 
 
-def test_view_agreement_counts_each_view_against_the_other_views_fused_where_fused_beside_another():
+def test_view_agreement_counts_each_view_against_the_other_views_fused_where_every_view_is():
     # Five samples, three views, three classes; each view has evidence for its top class alone: a 9, b 6,
     # c 3, so the others' sum never ties. Views' top classes (columns a, b, c; - absent) and, per view, the
     # top class of the others summed (x: not compared):
@@ -154,27 +154,27 @@ def test_view_agreement_counts_each_view_against_the_other_views_fused_where_fus
 
     rates = view_agreement(split, ["a", "b", "c"], test=test)
 
-    # a: samples 0-3 compared, agrees in 0, 2, 3. Chance: its tops 0, 1, 2, 0 (shares 2/4, 1/4, 1/4) against
-    # the others' 0, 2, 2, 0 (2/4, 0, 2/4).
-    assert (rates["a"].clean, rates["a"].samples) == (0.75, 4)
-    assert rates["a"].chance == pytest.approx((2 / 4) * (2 / 4) + (1 / 4) * 0 + (1 / 4) * (2 / 4))  # 3/8
-    # The alert starts from the low end of the clean rate's 95% Clopper-Pearson interval: 3 of 4.
-    assert rates["a"].clean_low == pytest.approx(scipy.stats.beta.ppf(0.025, 3, 4 - 3 + 1))
-    assert rates["a"].alert_below == pytest.approx((rates["a"].clean_low + 3 / 8) / 2)
-    # b: samples 0-2, agrees in 0 and 2; tops 0, 2, 2 (1/3, 0, 2/3) against the others' 0, 1, 2 (1/3 each).
+    # Only samples 0-2 have every view: the service compares only such samples, a view beside fewer others
+    # agreeing at another rate (sample 3's a and c agree, and would have counted for them).
+    # a: agrees in 0 and 2. Chance: its tops 0, 1, 2 (1/3 each) against the others' 0, 2, 2 (1/3, 0, 2/3).
+    assert (rates["a"].clean, rates["a"].samples) == (2 / 3, 3)
+    assert rates["a"].chance == pytest.approx((1 / 3) * (1 / 3) + (1 / 3) * 0 + (1 / 3) * (2 / 3))  # 1/3
+    # The alert starts from the low end of the clean rate's 95% Clopper-Pearson interval: 2 of 3.
+    assert rates["a"].clean_low == pytest.approx(scipy.stats.beta.ppf(0.025, 2, 3 - 2 + 1))
+    assert rates["a"].alert_below == pytest.approx((rates["a"].clean_low + 1 / 3) / 2)
+    # b: agrees in 0 and 2; tops 0, 2, 2 (1/3, 0, 2/3) against the others' 0, 1, 2 (1/3 each).
     assert (rates["b"].clean, rates["b"].samples) == (2 / 3, 3)
     assert rates["b"].chance == pytest.approx((1 / 3) * (1 / 3) + (2 / 3) * (1 / 3))
-    # c: samples 0-3, agrees in 1, 2 and 3; tops 1, 1, 2, 0 (1/4, 2/4, 1/4) against the others' 0, 1, 2, 0
-    # (2/4, 1/4, 1/4): chance 5/16.
-    assert (rates["c"].clean, rates["c"].samples) == (0.75, 4)
-    assert rates["c"].chance == pytest.approx((1 / 4) * (2 / 4) + (2 / 4) * (1 / 4) + (1 / 4) * (1 / 4))
+    # c: agrees in 1 and 2; tops 1, 1, 2 (0, 2/3, 1/3) against the others' 0, 1, 2 (1/3 each): chance 1/3.
+    assert (rates["c"].clean, rates["c"].samples) == (2 / 3, 3)
+    assert rates["c"].chance == pytest.approx(0 * (1 / 3) + (2 / 3) * (1 / 3) + (1 / 3) * (1 / 3))
     # The test split has every view everywhere: all five samples count. Sample 3 (0 0 0) agrees in every
     # view; sample 4 (1 0 0) in none: a's others 0 (b 6, c 3), b's and c's 1 (a 9). Each view: 3 of 5.
     assert (rates["a"].test, rates["a"].test_samples) == (0.6, 5)
     assert (rates["b"].test, rates["c"].test) == (0.6, 0.6)
 
 
-def test_view_agreement_is_none_where_no_view_is_fused_beside_another():
+def test_view_agreement_is_none_where_no_sample_has_every_view():
     views = opinion_from_evidence(np.array([[[9.0, 0.0], [0.0, 0.0]]]))
     alone = FusedSplit(
         Opinion(views.belief[:, 0], views.uncertainty[:, 0]),
