@@ -299,7 +299,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         except httptools.HttpParserUpgrade:
             pass  # it stops after an upgrade request, answered as plain HTTP (on_headers_complete)
         except httptools.HttpParserError as error:
-            self._refuse_in_turn(self.refusal or _malformed(error))
+            refusal = self.refusal or _malformed(error)
+            if self.cycle is not None and not self.cycle.response_complete and self.cycle.more_body:
+                self._refuse_body(refusal)
+            else:
+                self._refuse_in_turn(refusal)
             return
         if self.drain_left is not None:  # the rest of a body answered early: taken only within limits
             self.drain_left -= len(data)
@@ -452,6 +456,18 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return
         self.refused_in_turn = refusal
         self.transport.pause_reading()  # not uvicorn's flow control, which resumes after each answer
+
+    def _refuse_body(self, refusal: tuple[int, str, str]) -> None:
+        """Refuse the request whose body the parser refused (a malformed chunk), now: its app waited for the
+        rest of the body, and a refusal in turn after its answer waited with it, for the body timeout (408
+        after 30 s, the connection held). The app is told its client is gone; an answer it has begun
+        cannot be replaced, so that connection is only closed."""
+        self.cycle.disconnected = True
+        self.cycle.message_event.set()
+        if self.cycle.response_started:
+            self.transport.close()
+        else:
+            self._refuse(*refusal)
 
     def _refuse(self, status: int, reason: str, message: str) -> None:
         """Answer ``status`` in the error format and close: the rest of what the client sends is not read."""

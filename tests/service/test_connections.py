@@ -412,6 +412,24 @@ def test_requests_pipelined_before_a_malformed_one_are_answered_first():
             assert [int(s) for s in re.findall(rb"HTTP/1\.1 (\d{3}) ", answers)] == statuses, answers
 
 
+def test_a_malformed_chunk_is_refused_at_once_with_a_400():
+    """A chunked body whose chunk size is not hexadecimal: the parser fails mid-body, and the refusal waited
+    for the answer to the request it belonged to, whose app waited for the rest of that body: a 408 after
+    the body timeout, the connection held meanwhile (found by a probe). Refused when it arrives."""
+    head = (
+        b"POST /v1/models/handwritten/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+    )
+    with running_service("--model-dir", HANDWRITTEN, env={"DBF_BODY_TIMEOUT_SECONDS": "600"}) as url:
+        for body in (b"zz\r\n", b"1\r\n{\r\nzz\r\n"):
+            with socket.create_connection(address(url), timeout=60) as conn:
+                conn.sendall(head + body)
+                status, headers, error = error_of(read_answer(conn))
+            assert (status, error["type"], headers["connection"]) == (400, "malformed_request", "close"), body
+            assert "chunk size" in error["message"], error
+        assert httpx.get(url + "/health").status_code == 200
+
+
 def test_only_an_http_1_1_client_expecting_100_continue_gets_a_100():
     """RFC 9110 (10.1.1): a server MUST ignore a 100-continue expectation in an HTTP/1.0 request, whose
     client need not read an interim answer; uvicorn wrote "HTTP/1.1 100 Continue" before the answer. An
