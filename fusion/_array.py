@@ -53,27 +53,19 @@ def sum_last(x: Array, xp: Any) -> Array:
     return xp.sum(x, axis=-1)
 
 
-# Rows past which a sum in order is a loop over the classes (vectorised over the rows) rather than a cumsum.
-_ROWS_SUMMED_AS_COLUMNS = 16
-
-
 def _numpy_sum_in_order(x: Any) -> Any:
     """``x[..., 0] + x[..., 1] + ...`` in that order, whatever the batch: a sample's answer must not
     depend on what it was batched with (the service micro-batches requests). A BLAS matrix-vector
     product, quicker, sums a row in an order that depends on its place in the batch and the batch's size
     (OpenBLAS's kernels take rows four at a time), and numpy's own reduction over a contiguous row is
-    pairwise, over a column sequential, and which it does depends on the array's shape. A cumulative sum
-    is sequential by definition; for many rows, the classes' columns added one after another are quicker
-    and add in the same order."""
+    pairwise. Reduced over its first axis, a classes-by-rows copy adds the classes one after another for
+    every row at once, as the class-major pairwise kernel does; a lone row, whose reduction numpy would
+    take pairwise again, is summed cumulatively (sequential by definition)."""
     k = x.shape[-1]
     rows = _numpy.reshape(x, (-1, k))
-    if rows.shape[0] < _ROWS_SUMMED_AS_COLUMNS:
+    if rows.shape[0] == 1:
         return _numpy.cumsum(x, axis=-1)[..., -1]
-    columns = _numpy.ascontiguousarray(rows.T)
-    total = columns[0].copy()
-    for column in columns[1:]:
-        _numpy.add(total, column, out=total)
-    return total.reshape(x.shape[:-1])
+    return _numpy.add.reduce(_numpy.ascontiguousarray(rows.T), axis=0).reshape(x.shape[:-1])
 
 
 def sum_of_the_others(x: Array, xp: Any) -> Array:

@@ -18,7 +18,7 @@ from fusion import (
     opinion_from_evidence,
     projected_distance,
 )
-from fusion._array import pairwise_l1
+from fusion._array import pairwise_l1, sum_last
 
 BACKENDS = [pytest.param(np.asarray, id="numpy"), pytest.param(torch.as_tensor, id="torch")]
 
@@ -192,6 +192,20 @@ def test_pairwise_conflict_stays_in_its_range_in_float32(backend):
     for measure in (projected_distance(a, b), degree_of_conflict(a, b)):
         measure = to_numpy(measure)
         assert measure.min() >= 0 and measure.max() <= 1
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_numpy_sums_over_the_classes_add_them_in_order_whatever_the_rows(dtype):
+    """What batch invariance rests on (below): a row's sum over its classes is the sequential sum, for one
+    row and for many, whatever the number of classes (numpy's own reduction of a row is pairwise from 8)."""
+    rng = np.random.default_rng(5)
+    for rows in (1, 2, 3, 15, 16, 17, 100, 1000):
+        for classes in (1, 2, 7, 8, 9, 10, 68, 129, 1000):
+            x = (rng.random((rows, classes)) * 10.0 ** rng.uniform(-3, 3, (rows, classes))).astype(dtype)
+            in_order = x[:, 0].copy()
+            for k in range(1, classes):
+                in_order += x[:, k]
+            assert sum_last(x, np).tobytes() == in_order.tobytes(), (rows, classes)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
