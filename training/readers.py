@@ -129,6 +129,9 @@ _SPLIT_ALIASES = {
 _INTEGER = re.compile(r"[+-]?\d+")
 _INT64 = np.iinfo(np.int64)
 _EXACT_FLOAT = 2**53  # every integer up to this is a float64; beyond it, every other one is not
+# Text labels as numpy's variable-width strings: its fixed-width ones (dtype str) give every row the longest
+# label's width, so one long line among 100,000 short ones made terabytes of a labels file of megabytes.
+_TEXT = np.dtypes.StringDType()
 _NPY_MAGIC = np.lib.format.MAGIC_PREFIX
 _FILE_KINDS = {
     stat.S_IFDIR: "a directory",
@@ -365,7 +368,8 @@ def _text_or_npy(directory: Path, stem: str, *, role: str) -> Column | None:
         values = _load_npy(npy, directory=directory, mmap=False, instead=instead)
         if values.ndim != 1 and not (values.ndim == 2 and values.shape[1] == 1):
             raise DataError(f"{npy}: shape {values.shape}; {role} are one value per sample, shape (N,)")
-        return Column(values.reshape(-1), str(npy))
+        values = values.reshape(-1)
+        return Column(_decoded(values, where=str(npy)) if values.dtype.kind == "S" else values, str(npy))
     if os.path.lexists(txt):
         lines = _lines(txt, directory=directory, role=role, keep_blank=True)
         if "" in lines:  # before the rows are counted: a line left blank, not a label too many
@@ -373,6 +377,20 @@ def _text_or_npy(directory: Path, stem: str, *, role: str) -> Column | None:
             raise DataError(f"{txt} line {lines.index('') + 1}: empty; every sample needs {one}")
         return Column(lines, str(txt))
     return None
+
+
+def _decoded(values: np.ndarray, *, where: str) -> np.ndarray:
+    """Byte strings (dtype ``S``: what ``np.save`` writes for ``bytes``) as text, read as UTF-8; a row that is
+    not UTF-8 is an error naming it (numpy's own conversion reads ASCII alone, and names no row)."""
+    try:
+        return np.strings.decode(values, "utf-8").astype(_TEXT)
+    except UnicodeDecodeError:
+        for row, value in enumerate(values.tolist()):
+            try:
+                value.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise DataError(f"{where} row {row}: {_reason(error)}; save text as UTF-8") from None
+        raise
 
 
 def _lines(path: Path, *, directory: Path, role: str, keep_blank: bool = False) -> list[str]:
@@ -1094,8 +1112,8 @@ def assemble(
 def _class_labels(labels: Column, classes: Sequence[str] | None) -> tuple[np.ndarray, tuple[str, ...]]:
     """Labels as class indices ``0 .. K-1`` and the class names (module notes)."""
     values = _typed(labels)
-    if values.dtype.kind == "U":  # what pandas and spreadsheets write for a missing label, not a class
-        blank = np.char.strip(values) == ""
+    if values.dtype == _TEXT:  # what pandas and spreadsheets write for a missing label, not a class
+        blank = np.strings.strip(values) == ""
         if blank.any():
             row = int(np.argmax(blank))
             raise DataError(
@@ -1173,8 +1191,8 @@ def _check_written_once(classes: Sequence[str], values: np.ndarray, *, where: st
 
 
 def _typed(labels: Column) -> np.ndarray:
-    """Raw labels as one int64 (uint64 beyond it) or str array; missing, mixed or fractional labels are errors
-    naming a row."""
+    """Raw labels as one int64 (uint64 beyond it) or text (:data:`_TEXT`) array; missing, mixed or fractional
+    labels are errors naming a row."""
     where = labels.where
     values = labels.values
     if isinstance(values, list):  # text lines: integers if every line is one, written as Python writes it
@@ -1185,7 +1203,7 @@ def _typed(labels: Column) -> np.ndarray:
             for number, line in zip(numbers, values, strict=True)
         ):
             return np.array(numbers, dtype=np.int64)
-        return np.array(values, dtype=str)
+        return np.array(values, dtype=_TEXT)
     values = np.asarray(values).reshape(-1)
     kind = values.dtype.kind
     if kind == "u" and values.size and values.max() > _INT64.max:
@@ -1193,7 +1211,7 @@ def _typed(labels: Column) -> np.ndarray:
     if kind in "iu":
         return values.astype(np.int64)
     if kind == "b":
-        return values.astype(str)
+        return values.astype(_TEXT)
     if kind == "f":
         missing = np.isnan(values)
         if missing.any():
@@ -1213,8 +1231,8 @@ def _typed(labels: Column) -> np.ndarray:
                 "floating point; save the labels as integers or strings"
             )
         return values.astype(np.int64)
-    if kind in "US":
-        return values.astype(str)
+    if kind in "UT":  # T: StringDType, the labels of a .npy file of bytes, decoded
+        return values.astype(_TEXT)
     if kind != "O":
         raise DataError(f"{where}: labels of dtype {values.dtype}; labels are integers or strings")
     kinds: dict[str, int] = {}
@@ -1241,7 +1259,7 @@ def _typed(labels: Column) -> np.ndarray:
                 "labels as strings"
             )
         return values.astype(np.int64)
-    return values.astype(str)
+    return values.astype(_TEXT)
 
 
 def _split_codes(split: Column) -> np.ndarray:
