@@ -445,7 +445,14 @@ def read_parquet(
     try:
         # Streamed, one buffer at a time, rather than a whole column chunk buffered ahead: with the batch
         # conversion below, reading costs the float32 data plus a few batches, however large the file.
-        file = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
+        # The label and split columns as dictionaries, as they are stored: their size is checked before they
+        # are decoded (_parquet_scalars).
+        file = pq.ParquetFile(
+            path,
+            pre_buffer=False,
+            buffer_size=1 << 20,
+            read_dictionary=[column for column in (label_column, split_column) if column is not None],
+        )
     except (OSError, pa.ArrowException) as error:
         raise DataError(f"{path}: not a readable Parquet file: {error}") from error
     columns = list(file.schema_arrow.names)
@@ -473,6 +480,9 @@ def read_parquet(
         if column is not None:
             _check_stored_labels(file, column, where=f"{path} column {column!r}")
     num_rows = file.metadata.num_rows
+    grouped = sum(file.metadata.row_group(group).num_rows for group in range(file.metadata.num_row_groups))
+    if grouped != num_rows:  # before a matrix is made for either
+        _rows_unlike_metadata(str(path), f"row groups of {grouped:,}", num_rows)
     # glibc's allocator hands a freed batch back to the system at once; arrow's default pool (mimalloc)
     # keeps it for reuse, which raised the peak of reading a 1024-wide column by half the data's size.
     pool = pa.default_memory_pool()
@@ -481,10 +491,12 @@ def read_parquet(
         matrices = {
             name: _parquet_view(file, name, num_rows, where=f"{path} column {name!r}") for name in names
         }
-        labels = Column(_parquet_scalars(file, label_column), f"{path} column {label_column!r}")
+        where = f"{path} column {label_column!r}"
+        labels = Column(_parquet_scalars(file, label_column, where=where), where)
         split = None
         if split_column is not None:
-            split = Column(_parquet_scalars(file, split_column), f"{path} column {split_column!r}")
+            where = f"{path} column {split_column!r}"
+            split = Column(_parquet_scalars(file, split_column, where=where), where)
     except (OSError, pa.ArrowException) as error:
         raise DataError(f"{path}: not a readable Parquet file: {error}") from error
     finally:
@@ -577,6 +589,8 @@ def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray
             if rounding is not None:
                 rounding.add(values, block[valid])
         start += n
+    if start != num_rows:  # fewer: the matrix's last rows were never written
+        _rows_unlike_metadata(where, f"{start:,}", num_rows)
     if out is None:  # every row null (or no rows): the width is unknowable
         raise DataError(f"{where}: every row is null, so the view has no features to learn from")
     if rounding is not None:
@@ -585,14 +599,37 @@ def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray
     return out
 
 
-def _parquet_scalars(file, column: str) -> np.ndarray:
-    """A label or split column as numpy: integers, floats (NaN for nulls) or objects (None for nulls)."""
-    import pyarrow as pa
+def _rows_unlike_metadata(where: str, rows: str, declared: int) -> None:
+    """A column that holds another number of rows than its file's metadata declares: its footer was damaged
+    or forged, and which is right cannot be told."""
+    raise DataError(
+        f"{where}: {rows} rows, where the file's metadata declares {declared:,}: the file is damaged; "
+        "write it again"
+    )
 
-    array = file.read(columns=[column]).column(0).combine_chunks()
+
+def _parquet_scalars(file, column: str, *, where: str) -> np.ndarray:
+    """A label or split column as numpy: integers, floats (NaN for nulls) or objects (None for nulls).
+
+    Text is read as a dictionary and refused where decoded it would be more than :data:`LABEL_BYTES_PER_ROW`
+    a row: a dictionary of one string of a megabyte, run-length encoded across 20,000 rows, is a few
+    kilobytes stored (what :func:`_check_stored_labels` measures) and 20 GB decoded."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    array = file.read(columns=[column]).column(0)
     if pa.types.is_dictionary(array.type):
-        array = array.dictionary_decode()
-    return array.to_numpy(zero_copy_only=False)
+        decoded = sum(
+            pc.sum(pc.take(pc.binary_length(chunk.dictionary), chunk.indices)).as_py() or 0
+            for chunk in array.chunks
+        )
+        if decoded > len(array) * LABEL_BYTES_PER_ROW + _PARQUET_HEADROOM:
+            raise DataError(
+                f"{where}: {decoded / 1e6:,.1f} MB for {len(array):,} rows decoded, more than "
+                f"{LABEL_BYTES_PER_ROW:,} bytes per row: labels are class names, not texts"
+            )
+        return array.combine_chunks().dictionary_decode().to_numpy(zero_copy_only=False)
+    return array.combine_chunks().to_numpy(zero_copy_only=False)
 
 
 # A column chunk's own bytes beside its values (page headers, a dictionary's), allowed whatever its rows.

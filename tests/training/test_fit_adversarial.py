@@ -103,6 +103,61 @@ def test_a_parquet_label_column_of_huge_strings_is_refused_before_it_is_decompre
         load(path)
 
 
+def test_a_parquet_label_column_of_long_strings_stored_once_is_refused_by_its_decoded_size(tmp_path):
+    # A dictionary stores each string once and the rows as run-length encoded indices: 120 KB stored here,
+    # 3.6 MB decoded; a string of a megabyte over 20,000 rows, 223 KB stored, had fit allocate 20 GB.
+    _, labels = dataset()
+    names = pa.array(["cat" * 20_000, "dog" * 20_000])
+    label = pa.DictionaryArray.from_arrays(pa.array(np.arange(labels.size) % 2, pa.int32()), names)
+    path = parquet_of(tmp_path / "bomb.parquet", label=label)
+    assert path.stat().st_size < 100_000
+    with pytest.raises(
+        DataError, match=r"column 'label': 3\.6 MB for 60 rows decoded, more than 1,024 bytes per row"
+    ):
+        load(path)
+
+
+def with_declared_rows(path: Path, rows: int, *, everywhere: bool = False) -> Path:
+    """``path``, a Parquet file of one row group, with its footer declaring ``rows`` rows in all; with
+    ``everywhere``, its row group and each column's count of values too, so that the metadata agree."""
+    held = pq.ParquetFile(path).metadata.num_rows
+    data, footer = path.read_bytes(), b""
+    size = int.from_bytes(data[-8:-4], "little")
+    footer = data[-8 - size : -8]
+
+    def field_3_i64(value: int) -> bytes:  # Thrift's compact protocol: FileMetaData.num_rows after schema
+        value, encoded = (value << 1) ^ (value >> 63), b""
+        while value > 0x7F:
+            encoded, value = encoded + bytes([value & 0x7F | 0x80]), value >> 7
+        return b"\x16" + encoded + bytes([value])
+
+    footer = footer.replace(field_3_i64(held), field_3_i64(rows), -1 if everywhere else 1)
+    path.write_bytes(data[: -8 - size] + footer + len(footer).to_bytes(4, "little") + b"PAR1")
+    assert pq.ParquetFile(path).metadata.num_rows == rows
+    return path
+
+
+@pytest.mark.parametrize("rows", [59, 10**12])
+def test_a_parquet_file_declaring_rows_it_does_not_hold_is_refused(rows, tmp_path, capsys):
+    # 59 of 60: an IndexError's traceback; 10**12: a matrix of that many rows asked for
+    path = with_declared_rows(parquet_of(tmp_path / "data.parquet"), rows)
+    error = refused(capsys, "--data", path, "--out", tmp_path / "model")
+    assert error == (
+        f"error: {path}: row groups of 60 rows, where the file's metadata declares {rows:,}: the file is "
+        "damaged; write it again\n"
+    )
+
+
+def test_a_parquet_file_whose_metadata_all_declare_rows_it_does_not_hold_is_refused(tmp_path, capsys):
+    # pyarrow reads the 60 rows there are: the matrix made for 1,000 was left uninitialised below them
+    path = with_declared_rows(parquet_of(tmp_path / "data.parquet"), 1000, everywhere=True)
+    error = refused(capsys, "--data", path, "--out", tmp_path / "model")
+    assert error == (
+        f"error: {path} column 'image': 60 rows, where the file's metadata declares 1,000: the file is "
+        "damaged; write it again\n"
+    )
+
+
 def test_a_variable_width_parquet_view_is_read_in_batches_of_its_own_width(tmp_path, monkeypatch):
     import training.readers
 
