@@ -30,6 +30,7 @@ values of a small spread, such as ``1e9 + x``) is refused. At most :data:`MAX_VI
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
@@ -99,14 +100,40 @@ def machine_memory() -> int | None:
         return None
 
 
+def available_memory() -> int | None:
+    """The memory this process can still take, in bytes: Linux's ``MemAvailable``, within the limit of its
+    control group (a container's) where it has one; elsewhere the machine's memory; None where unknown."""
+    known = []
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                known.append(int(line.split()[1]) * 1024)
+    with contextlib.suppress(OSError, ValueError):  # cgroup v2; "max" where unlimited
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            known.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    return min(known) if known else machine_memory()
+
+
+FIT_BYTES_PER_DATA_BYTE = 1.6
+"""What a fit holds at its peak per byte of its data as float32: the data, and its splits and their
+conflictive copies beside it (measured: 208 MB of data, 329 MB more than a fit of a few kilobytes; 404 MB,
+609 MB more)."""
+
+
 def _dense(rows: int, width: int, *, where: str) -> np.ndarray:
-    """An uninitialised float32 ``(rows, width)`` matrix, or a :class:`DataError` where this machine cannot
-    hold it (rather than numpy's MemoryError, or pages the kernel kills the process for once written)."""
-    needed, memory = rows * width * 4, machine_memory()
-    if memory is not None and needed > memory:
+    """An uninitialised float32 ``(rows, width)`` matrix, or a :class:`DataError` where the fit it is read for
+    could not hold it in the memory available now (rather than numpy's MemoryError, or pages the kernel kills
+    the process for once written, and other processes with it: a sparse .npy of 20 GB was filled).
+    Views are read one after another, each written in full before the next is made: the memory available
+    then is what the views before it left."""
+    needed, memory = rows * width * 4, available_memory()
+    if memory is not None and needed * FIT_BYTES_PER_DATA_BYTE > memory:
         raise DataError(
-            f"{where}: {rows:,} samples of {width:,} features make {needed / 2**30:,.1f} GiB as float32, "
-            f"more than this machine's {memory / 2**30:,.1f} GiB"
+            f"{where}: {rows:,} samples of {width:,} features make {needed / 2**30:,.1f} GiB as float32, and "
+            f"a fit holds about {FIT_BYTES_PER_DATA_BYTE} times its data: more than the "
+            f"{memory / 2**30:,.1f} GiB of memory available; fit a sample of the rows, or reduce the view "
+            "(e.g. a PCA)"
         )
     try:
         return np.empty((rows, width), dtype=np.float32)

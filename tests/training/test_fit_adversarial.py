@@ -28,7 +28,7 @@ from training.__main__ import main
 from training.data import DataError
 from training.heads import EvidentialHeads
 from training.protocol import MinMaxScaler
-from training.readers import load
+from training.readers import load, machine_memory
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
@@ -56,6 +56,29 @@ def test_a_npy_header_claiming_more_than_the_file_holds_is_refused(name, shape, 
     lying_npy(data / f"{name}.npy", "<i8", shape)  # terabytes: allocated, a MemoryError
     error = refused(capsys, "--data", data, "--out", tmp_path / "model")
     assert f"{data / f'{name}.npy'}: not a readable .npy file" in error
+
+
+def sparse_npy(path: Path, shape: tuple[int, int]) -> None:
+    """A float32 ``.npy`` file of ``shape``, all zeros, that takes no room on disk (a sparse file)."""
+    header = {"descr": "<f4", "fortran_order": False, "shape": shape}
+    with path.open("wb") as stream:
+        np.lib.format.write_array_header_1_0(stream, header)
+        stream.truncate(stream.tell() + shape[0] * shape[1] * 4)
+
+
+def test_a_view_larger_than_a_fit_could_hold_is_refused_before_its_matrix_is_made(tmp_path, capsys):
+    # Three quarters of this machine's memory as float32: within it, so it was made and filled (20 GB of
+    # zeros on a machine of 23.5), where the fit holding it needs more than there is.
+    rows = int(0.75 * machine_memory()) // (4 * 1000)
+    data = tmp_path / "data"
+    data.mkdir()
+    sparse_npy(data / "image.npy", (rows, 1000))
+    sparse_npy(data / "text.npy", (rows, 1))
+    np.save(data / "labels.npy", np.arange(rows, dtype=np.int64) % 2)
+    error = refused(capsys, "--data", data, "--out", tmp_path / "model")
+    assert error.startswith(f"error: {data / 'image.npy'}: {rows:,} samples of 1,000 features make ")
+    assert "a fit holds about 1.6 times its data: more than the " in error
+    assert not (tmp_path / "model").exists()
 
 
 # -- Parquet that decompresses to far more than it is --------------------------------------------------------
