@@ -428,7 +428,9 @@ def _lines(path: Path, *, directory: Path, role: str, keep_blank: bool = False) 
         text = path.read_text(encoding="utf-8-sig")  # Windows' editors begin a file with a byte order mark
     except (OSError, UnicodeDecodeError) as error:
         raise DataError(f"{path}: not a readable text file of {role} ({_reason(error)})") from None
-    lines = [line.strip() for line in text.splitlines()]
+    # At line ends alone (\n, \r\n, \r), where an editor ends them: str.splitlines also splits at a form
+    # feed, U+2028 and others, and a label holding one became two, moving every label after it a row on.
+    lines = [line.strip() for line in re.split(r"\r\n|\r|\n", text)]
     while lines and not lines[-1]:  # an editor's blank lines at the end
         lines.pop()
     if not keep_blank:

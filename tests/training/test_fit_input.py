@@ -219,6 +219,16 @@ def test_blank_lines_at_the_end_of_labels_txt_are_left_out_and_between_refused(d
         load(data)
 
 
+@pytest.mark.parametrize("separator", ["\u2028", "\x0c", "\x1c", "\x85"])
+def test_labels_txt_is_split_at_line_ends_alone(separator, data):
+    # str.splitlines also breaks at these: a label holding one was two, and each line after it one more
+    labels = np.load(data / "labels.npy").tolist()
+    labels[1] = f"dog{separator}x"
+    with_labels_txt(data, "\r\n".join([*labels[:8], "", *labels[8:]]))
+    with pytest.raises(DataError, match=r"labels\.txt line 9: empty"):
+        load(data)
+
+
 def test_byte_string_labels_are_read_as_utf8_text(data):
     labels = np.load(data / "labels.npy")
     np.save(data / "labels.npy", np.char.encode(np.char.replace(labels, "eel", "éel"), "utf-8"))  # dtype S
