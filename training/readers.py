@@ -1083,8 +1083,10 @@ def _regular_file(path: Path, *, directory: Path | None = None) -> Path:
     if directory is not None and path.is_symlink():
         try:
             inside = path.resolve(strict=True).is_relative_to(directory.resolve(strict=True))
-        except (OSError, RuntimeError):  # a dangling link, or a loop
-            inside = False
+        except (OSError, RuntimeError):  # a dangling link, or a loop: not "out of" the directory
+            raise DataError(
+                f"{path}: a symbolic link that leads to no file (to one that is absent, or round a loop)"
+            ) from None
         if not inside:
             raise DataError(
                 f"{path}: a symbolic link out of {directory}; fit reads only the data directory's own files "
