@@ -474,14 +474,13 @@ def read_parquet(
     try:
         # Streamed, one buffer at a time, rather than a whole column chunk buffered ahead: with the batch
         # conversion below, reading costs the float32 data plus a few batches, however large the file.
+        file = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
         # The label and split columns as dictionaries, as they are stored: their size is checked before they
-        # are decoded (_parquet_scalars).
-        file = pq.ParquetFile(
-            path,
-            pre_buffer=False,
-            buffer_size=1 << 20,
-            read_dictionary=[column for column in (label_column, split_column) if column is not None],
-        )
+        # are decoded (_parquet_scalars). Columns of scalars alone: pyarrow's KeyError for any other.
+        leaves = {file.schema.column(i).path for i in range(len(file.schema))}
+        scalars = [column for column in (label_column, split_column) if column in leaves]
+        if scalars:
+            file = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20, read_dictionary=scalars)
     except (OSError, pa.ArrowException) as error:
         raise DataError(f"{path}: not a readable Parquet file: {error}") from error
     columns = list(file.schema_arrow.names)

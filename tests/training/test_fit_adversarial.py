@@ -140,6 +140,19 @@ def test_a_parquet_label_column_of_long_strings_stored_once_is_refused_by_its_de
         load(path)
 
 
+@pytest.mark.parametrize(
+    ("column", "message"),
+    [
+        ("nosuch", r"no label column 'nosuch' \(columns: image, text, sensor, label\)"),
+        ("image", r"column 'label': type string is not numeric"),  # a list column: now a view of labels
+    ],
+)
+def test_a_parquet_label_column_that_is_absent_or_of_lists_is_refused_naming_it(column, message, tmp_path):
+    path = parquet_of(tmp_path / "data.parquet")  # read as a dictionary: named, pyarrow took only scalars
+    with pytest.raises(DataError, match=message):
+        load(path, label_column=column)
+
+
 def with_declared_rows(path: Path, rows: int, *, everywhere: bool = False) -> Path:
     """``path``, a Parquet file of one row group, with its footer declaring ``rows`` rows in all; with
     ``everywhere``, its row group and each column's count of values too, so that the metadata agree."""
