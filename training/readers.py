@@ -121,20 +121,31 @@ conflictive copies beside it (measured: 208 MB of data, 329 MB more than a fit o
 609 MB more)."""
 
 
+def _check_room(needed: int, *, where: str, what: str, instead: str) -> None:
+    """A :class:`DataError` where ``needed`` bytes of data, held by a fit (:data:`FIT_BYTES_PER_DATA_BYTE`
+    times), would take more than the memory available now; ``what`` says what makes them, ``instead`` what
+    to do."""
+    memory = available_memory()
+    if memory is not None and needed * FIT_BYTES_PER_DATA_BYTE > memory:
+        raise DataError(
+            f"{where}: {what}, and a fit holds about {FIT_BYTES_PER_DATA_BYTE} times its data: more than the "
+            f"{memory / 2**30:,.1f} GiB of memory available; {instead}"
+        )
+
+
 def _dense(rows: int, width: int, *, where: str) -> np.ndarray:
     """An uninitialised float32 ``(rows, width)`` matrix, or a :class:`DataError` where the fit it is read for
     could not hold it in the memory available now (rather than numpy's MemoryError, or pages the kernel kills
     the process for once written, and other processes with it: a sparse .npy of 20 GB was filled).
     Views are read one after another, each written in full before the next is made: the memory available
     then is what the views before it left."""
-    needed, memory = rows * width * 4, available_memory()
-    if memory is not None and needed * FIT_BYTES_PER_DATA_BYTE > memory:
-        raise DataError(
-            f"{where}: {rows:,} samples of {width:,} features make {needed / 2**30:,.1f} GiB as float32, and "
-            f"a fit holds about {FIT_BYTES_PER_DATA_BYTE} times its data: more than the "
-            f"{memory / 2**30:,.1f} GiB of memory available; fit a sample of the rows, or reduce the view "
-            "(e.g. a PCA)"
-        )
+    needed = rows * width * 4
+    _check_room(
+        needed,
+        where=where,
+        what=f"{rows:,} samples of {width:,} features make {needed / 2**30:,.1f} GiB as float32",
+        instead="fit a sample of the rows, or reduce the view (e.g. a PCA)",
+    )
     try:
         return np.empty((rows, width), dtype=np.float32)
     except MemoryError:
@@ -367,7 +378,17 @@ def _load_npy(path: Path, *, directory: Path, mmap: bool, instead: str) -> np.nd
             # Memory-mapped either way: numpy then checks the header's shape against the file's size, where
             # reading would first allocate whatever the header claims (terabytes: a MemoryError).
             mapped = np.load(path, mmap_mode="r", allow_pickle=False)
-            return mapped if mmap else np.array(mapped)
+            if mmap:
+                return mapped
+            _check_room(
+                mapped.nbytes,  # a sparse file of a valid header: 20 GB of zeros that take no room on disk
+                where=str(path),
+                what=f"{mapped.size:,} values make {mapped.nbytes / 2**30:,.1f} GiB",
+                instead="check the file's shape",
+            )
+            return np.array(mapped)
+    except DataError:  # a ValueError, but the room's, not numpy's
+        raise
     except (OverflowError, MemoryError):  # a shape whose size overflows, or no memory for one that fits
         raise DataError(f"{path}: not a readable .npy file (its header or size is not NumPy's)") from None
     except ValueError as error:
@@ -420,10 +441,22 @@ def _decoded(values: np.ndarray, *, where: str) -> np.ndarray:
         raise
 
 
+TEXT_BYTES_PER_FILE_BYTE = 20
+"""What a text file's lines take in memory per byte of the file, as Python strings (measured: 40 MB of
+``cat`` and ``dog`` lines, 804 MB): a labels.txt of 1 GB would take all of a machine of 23.5 GB."""
+
+
 def _lines(path: Path, *, directory: Path, role: str, keep_blank: bool = False) -> list[str]:
     """The stripped lines of a text file, but for blank ones at its end; blank ones between are kept with
     ``keep_blank`` (a missing label is an error naming its line)."""
     _regular_file(path, directory=directory)
+    size = path.stat().st_size
+    _check_room(
+        size * TEXT_BYTES_PER_FILE_BYTE,
+        where=str(path),
+        what=f"{size / 2**20:,.1f} MB of text make about {TEXT_BYTES_PER_FILE_BYTE} times as much in memory",
+        instead=f"save the {role} as a .npy file of integers or strings",
+    )
     try:
         text = path.read_text(encoding="utf-8-sig")  # Windows' editors begin a file with a byte order mark
     except (OSError, UnicodeDecodeError) as error:

@@ -81,6 +81,22 @@ def test_a_view_larger_than_a_fit_could_hold_is_refused_before_its_matrix_is_mad
     assert not (tmp_path / "model").exists()
 
 
+@pytest.mark.parametrize("name", ["labels.npy", "labels.txt"])
+def test_a_labels_file_larger_than_a_fit_could_hold_is_refused_before_it_is_read(name, tmp_path, capsys):
+    # Sparse: a valid header (or none, as text), and gigabytes of zeros that take no room on disk; read in
+    # full, as labels are, before the row counts were compared.
+    data = write_npy(tmp_path / "data", *dataset())
+    (data / "labels.npy").unlink()
+    if name == "labels.npy":
+        sparse_npy(data / name, (int(0.75 * machine_memory()) // 4, 1))
+    else:
+        with (data / name).open("wb") as stream:
+            stream.truncate(machine_memory() // 20)  # its lines as Python strings: 20 times the file
+    error = refused(capsys, "--data", data, "--out", tmp_path / "model")
+    assert error.startswith(f"error: {data / name}: ")
+    assert "a fit holds about 1.6 times its data: more than the " in error
+
+
 # -- Parquet that decompresses to far more than it is --------------------------------------------------------
 
 
