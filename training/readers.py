@@ -30,6 +30,7 @@ values of a small spread, such as ``1e9 + x``) is refused. At most :data:`MAX_VI
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
@@ -99,15 +100,52 @@ def machine_memory() -> int | None:
         return None
 
 
-def _dense(rows: int, width: int, *, where: str) -> np.ndarray:
-    """An uninitialised float32 ``(rows, width)`` matrix, or a :class:`DataError` where this machine cannot
-    hold it (rather than numpy's MemoryError, or pages the kernel kills the process for once written)."""
-    needed, memory = rows * width * 4, machine_memory()
-    if memory is not None and needed > memory:
+def available_memory() -> int | None:
+    """The memory this process can still take, in bytes: Linux's ``MemAvailable``, within the limit of its
+    control group (a container's) where it has one; elsewhere the machine's memory; None where unknown."""
+    known = []
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                known.append(int(line.split()[1]) * 1024)
+    with contextlib.suppress(OSError, ValueError):  # cgroup v2; "max" where unlimited
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            known.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    return min(known) if known else machine_memory()
+
+
+FIT_BYTES_PER_DATA_BYTE = 1.6
+"""What a fit holds at its peak per byte of its data as float32: the data, and its splits and their
+conflictive copies beside it (measured: 208 MB of data, 329 MB more than a fit of a few kilobytes; 404 MB,
+609 MB more)."""
+
+
+def _check_room(needed: int, *, where: str, what: str, instead: str) -> None:
+    """A :class:`DataError` where ``needed`` bytes of data, held by a fit (:data:`FIT_BYTES_PER_DATA_BYTE`
+    times), would take more than the memory available now; ``what`` says what makes them, ``instead`` what
+    to do."""
+    memory = available_memory()
+    if memory is not None and needed * FIT_BYTES_PER_DATA_BYTE > memory:
         raise DataError(
-            f"{where}: {rows:,} samples of {width:,} features make {needed / 2**30:,.1f} GiB as float32, "
-            f"more than this machine's {memory / 2**30:,.1f} GiB"
+            f"{where}: {what}, and a fit holds about {FIT_BYTES_PER_DATA_BYTE} times its data: more than the "
+            f"{memory / 2**30:,.1f} GiB of memory available; {instead}"
         )
+
+
+def _dense(rows: int, width: int, *, where: str) -> np.ndarray:
+    """An uninitialised float32 ``(rows, width)`` matrix, or a :class:`DataError` where the fit it is read for
+    could not hold it in the memory available now (rather than numpy's MemoryError, or pages the kernel kills
+    the process for once written, and other processes with it: a sparse .npy of 20 GB was filled).
+    Views are read one after another, each written in full before the next is made: the memory available
+    then is what the views before it left."""
+    needed = rows * width * 4
+    _check_room(
+        needed,
+        where=where,
+        what=f"{rows:,} samples of {width:,} features make {needed / 2**30:,.1f} GiB as float32",
+        instead="fit a sample of the rows, or reduce the view (e.g. a PCA)",
+    )
     try:
         return np.empty((rows, width), dtype=np.float32)
     except MemoryError:
@@ -129,6 +167,9 @@ _SPLIT_ALIASES = {
 _INTEGER = re.compile(r"[+-]?\d+")
 _INT64 = np.iinfo(np.int64)
 _EXACT_FLOAT = 2**53  # every integer up to this is a float64; beyond it, every other one is not
+# Text labels as numpy's variable-width strings: its fixed-width ones (dtype str) give every row the longest
+# label's width, so one long line among 100,000 short ones made terabytes of a labels file of megabytes.
+_TEXT = np.dtypes.StringDType()
 _NPY_MAGIC = np.lib.format.MAGIC_PREFIX
 _FILE_KINDS = {
     stat.S_IFDIR: "a directory",
@@ -337,7 +378,17 @@ def _load_npy(path: Path, *, directory: Path, mmap: bool, instead: str) -> np.nd
             # Memory-mapped either way: numpy then checks the header's shape against the file's size, where
             # reading would first allocate whatever the header claims (terabytes: a MemoryError).
             mapped = np.load(path, mmap_mode="r", allow_pickle=False)
-            return mapped if mmap else np.array(mapped)
+            if mmap:
+                return mapped
+            _check_room(
+                mapped.nbytes,  # a sparse file of a valid header: 20 GB of zeros that take no room on disk
+                where=str(path),
+                what=f"{mapped.size:,} values make {mapped.nbytes / 2**30:,.1f} GiB",
+                instead="check the file's shape",
+            )
+            return np.array(mapped)
+    except DataError:  # a ValueError, but the room's, not numpy's
+        raise
     except (OverflowError, MemoryError):  # a shape whose size overflows, or no memory for one that fits
         raise DataError(f"{path}: not a readable .npy file (its header or size is not NumPy's)") from None
     except ValueError as error:
@@ -365,7 +416,8 @@ def _text_or_npy(directory: Path, stem: str, *, role: str) -> Column | None:
         values = _load_npy(npy, directory=directory, mmap=False, instead=instead)
         if values.ndim != 1 and not (values.ndim == 2 and values.shape[1] == 1):
             raise DataError(f"{npy}: shape {values.shape}; {role} are one value per sample, shape (N,)")
-        return Column(values.reshape(-1), str(npy))
+        values = values.reshape(-1)
+        return Column(_decoded(values, where=str(npy)) if values.dtype.kind == "S" else values, str(npy))
     if os.path.lexists(txt):
         lines = _lines(txt, directory=directory, role=role, keep_blank=True)
         if "" in lines:  # before the rows are counted: a line left blank, not a label too many
@@ -375,15 +427,43 @@ def _text_or_npy(directory: Path, stem: str, *, role: str) -> Column | None:
     return None
 
 
+def _decoded(values: np.ndarray, *, where: str) -> np.ndarray:
+    """Byte strings (dtype ``S``: what ``np.save`` writes for ``bytes``) as text, read as UTF-8; a row that is
+    not UTF-8 is an error naming it (numpy's own conversion reads ASCII alone, and names no row)."""
+    try:
+        return np.strings.decode(values, "utf-8").astype(_TEXT)
+    except UnicodeDecodeError:
+        for row, value in enumerate(values.tolist()):
+            try:
+                value.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise DataError(f"{where} row {row}: {_reason(error)}; save text as UTF-8") from None
+        raise
+
+
+TEXT_BYTES_PER_FILE_BYTE = 20
+"""What a text file's lines take in memory per byte of the file, as Python strings (measured: 40 MB of
+``cat`` and ``dog`` lines, 804 MB): a labels.txt of 1 GB would take all of a machine of 23.5 GB."""
+
+
 def _lines(path: Path, *, directory: Path, role: str, keep_blank: bool = False) -> list[str]:
     """The stripped lines of a text file, but for blank ones at its end; blank ones between are kept with
     ``keep_blank`` (a missing label is an error naming its line)."""
     _regular_file(path, directory=directory)
+    size = path.stat().st_size
+    _check_room(
+        size * TEXT_BYTES_PER_FILE_BYTE,
+        where=str(path),
+        what=f"{size / 2**20:,.1f} MB of text make about {TEXT_BYTES_PER_FILE_BYTE} times as much in memory",
+        instead=f"save the {role} as a .npy file of integers or strings",
+    )
     try:
         text = path.read_text(encoding="utf-8-sig")  # Windows' editors begin a file with a byte order mark
     except (OSError, UnicodeDecodeError) as error:
         raise DataError(f"{path}: not a readable text file of {role} ({_reason(error)})") from None
-    lines = [line.strip() for line in text.splitlines()]
+    # At line ends alone (\n, \r\n, \r), where an editor ends them: str.splitlines also splits at a form
+    # feed, U+2028 and others, and a label holding one became two, moving every label after it a row on.
+    lines = [line.strip() for line in re.split(r"\r\n|\r|\n", text)]
     while lines and not lines[-1]:  # an editor's blank lines at the end
         lines.pop()
     if not keep_blank:
@@ -428,6 +508,12 @@ def read_parquet(
         # Streamed, one buffer at a time, rather than a whole column chunk buffered ahead: with the batch
         # conversion below, reading costs the float32 data plus a few batches, however large the file.
         file = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
+        # The label and split columns as dictionaries, as they are stored: their size is checked before they
+        # are decoded (_parquet_scalars). Columns of scalars alone: pyarrow's KeyError for any other.
+        leaves = {file.schema.column(i).path for i in range(len(file.schema))}
+        scalars = [column for column in (label_column, split_column) if column in leaves]
+        if scalars:
+            file = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20, read_dictionary=scalars)
     except (OSError, pa.ArrowException) as error:
         raise DataError(f"{path}: not a readable Parquet file: {error}") from error
     columns = list(file.schema_arrow.names)
@@ -455,6 +541,9 @@ def read_parquet(
         if column is not None:
             _check_stored_labels(file, column, where=f"{path} column {column!r}")
     num_rows = file.metadata.num_rows
+    grouped = sum(file.metadata.row_group(group).num_rows for group in range(file.metadata.num_row_groups))
+    if grouped != num_rows:  # before a matrix is made for either
+        _rows_unlike_metadata(str(path), f"row groups of {grouped:,}", num_rows)
     # glibc's allocator hands a freed batch back to the system at once; arrow's default pool (mimalloc)
     # keeps it for reuse, which raised the peak of reading a 1024-wide column by half the data's size.
     pool = pa.default_memory_pool()
@@ -463,10 +552,12 @@ def read_parquet(
         matrices = {
             name: _parquet_view(file, name, num_rows, where=f"{path} column {name!r}") for name in names
         }
-        labels = Column(_parquet_scalars(file, label_column), f"{path} column {label_column!r}")
+        where = f"{path} column {label_column!r}"
+        labels = Column(_parquet_scalars(file, label_column, where=where), where)
         split = None
         if split_column is not None:
-            split = Column(_parquet_scalars(file, split_column), f"{path} column {split_column!r}")
+            where = f"{path} column {split_column!r}"
+            split = Column(_parquet_scalars(file, split_column, where=where), where)
     except (OSError, pa.ArrowException) as error:
         raise DataError(f"{path}: not a readable Parquet file: {error}") from error
     finally:
@@ -559,6 +650,8 @@ def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray
             if rounding is not None:
                 rounding.add(values, block[valid])
         start += n
+    if start != num_rows:  # fewer: the matrix's last rows were never written
+        _rows_unlike_metadata(where, f"{start:,}", num_rows)
     if out is None:  # every row null (or no rows): the width is unknowable
         raise DataError(f"{where}: every row is null, so the view has no features to learn from")
     if rounding is not None:
@@ -567,14 +660,37 @@ def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray
     return out
 
 
-def _parquet_scalars(file, column: str) -> np.ndarray:
-    """A label or split column as numpy: integers, floats (NaN for nulls) or objects (None for nulls)."""
-    import pyarrow as pa
+def _rows_unlike_metadata(where: str, rows: str, declared: int) -> None:
+    """A column that holds another number of rows than its file's metadata declares: its footer was damaged
+    or forged, and which is right cannot be told."""
+    raise DataError(
+        f"{where}: {rows} rows, where the file's metadata declares {declared:,}: the file is damaged; "
+        "write it again"
+    )
 
-    array = file.read(columns=[column]).column(0).combine_chunks()
+
+def _parquet_scalars(file, column: str, *, where: str) -> np.ndarray:
+    """A label or split column as numpy: integers, floats (NaN for nulls) or objects (None for nulls).
+
+    Text is read as a dictionary and refused where decoded it would be more than :data:`LABEL_BYTES_PER_ROW`
+    a row: a dictionary of one string of a megabyte, run-length encoded across 20,000 rows, is a few
+    kilobytes stored (what :func:`_check_stored_labels` measures) and 20 GB decoded."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    array = file.read(columns=[column]).column(0)
     if pa.types.is_dictionary(array.type):
-        array = array.dictionary_decode()
-    return array.to_numpy(zero_copy_only=False)
+        decoded = sum(
+            pc.sum(pc.take(pc.binary_length(chunk.dictionary), chunk.indices)).as_py() or 0
+            for chunk in array.chunks
+        )
+        if decoded > len(array) * LABEL_BYTES_PER_ROW + _PARQUET_HEADROOM:
+            raise DataError(
+                f"{where}: {decoded / 1e6:,.1f} MB for {len(array):,} rows decoded, more than "
+                f"{LABEL_BYTES_PER_ROW:,} bytes per row: labels are class names, not texts"
+            )
+        return array.combine_chunks().dictionary_decode().to_numpy(zero_copy_only=False)
+    return array.combine_chunks().to_numpy(zero_copy_only=False)
 
 
 # A column chunk's own bytes beside its values (page headers, a dictionary's), allowed whatever its rows.
@@ -999,8 +1115,10 @@ def _regular_file(path: Path, *, directory: Path | None = None) -> Path:
     if directory is not None and path.is_symlink():
         try:
             inside = path.resolve(strict=True).is_relative_to(directory.resolve(strict=True))
-        except (OSError, RuntimeError):  # a dangling link, or a loop
-            inside = False
+        except (OSError, RuntimeError):  # a dangling link, or a loop: not "out of" the directory
+            raise DataError(
+                f"{path}: a symbolic link that leads to no file (to one that is absent, or round a loop)"
+            ) from None
         if not inside:
             raise DataError(
                 f"{path}: a symbolic link out of {directory}; fit reads only the data directory's own files "
@@ -1094,8 +1212,8 @@ def assemble(
 def _class_labels(labels: Column, classes: Sequence[str] | None) -> tuple[np.ndarray, tuple[str, ...]]:
     """Labels as class indices ``0 .. K-1`` and the class names (module notes)."""
     values = _typed(labels)
-    if values.dtype.kind == "U":  # what pandas and spreadsheets write for a missing label, not a class
-        blank = np.char.strip(values) == ""
+    if values.dtype == _TEXT:  # what pandas and spreadsheets write for a missing label, not a class
+        blank = np.strings.strip(values) == ""
         if blank.any():
             row = int(np.argmax(blank))
             raise DataError(
@@ -1173,8 +1291,8 @@ def _check_written_once(classes: Sequence[str], values: np.ndarray, *, where: st
 
 
 def _typed(labels: Column) -> np.ndarray:
-    """Raw labels as one int64 (uint64 beyond it) or str array; missing, mixed or fractional labels are errors
-    naming a row."""
+    """Raw labels as one int64 (uint64 beyond it) or text (:data:`_TEXT`) array; missing, mixed or fractional
+    labels are errors naming a row."""
     where = labels.where
     values = labels.values
     if isinstance(values, list):  # text lines: integers if every line is one, written as Python writes it
@@ -1185,7 +1303,7 @@ def _typed(labels: Column) -> np.ndarray:
             for number, line in zip(numbers, values, strict=True)
         ):
             return np.array(numbers, dtype=np.int64)
-        return np.array(values, dtype=str)
+        return np.array(values, dtype=_TEXT)
     values = np.asarray(values).reshape(-1)
     kind = values.dtype.kind
     if kind == "u" and values.size and values.max() > _INT64.max:
@@ -1193,7 +1311,7 @@ def _typed(labels: Column) -> np.ndarray:
     if kind in "iu":
         return values.astype(np.int64)
     if kind == "b":
-        return values.astype(str)
+        return values.astype(_TEXT)
     if kind == "f":
         missing = np.isnan(values)
         if missing.any():
@@ -1213,8 +1331,8 @@ def _typed(labels: Column) -> np.ndarray:
                 "floating point; save the labels as integers or strings"
             )
         return values.astype(np.int64)
-    if kind in "US":
-        return values.astype(str)
+    if kind in "UT":  # T: StringDType, the labels of a .npy file of bytes, decoded
+        return values.astype(_TEXT)
     if kind != "O":
         raise DataError(f"{where}: labels of dtype {values.dtype}; labels are integers or strings")
     kinds: dict[str, int] = {}
@@ -1241,7 +1359,7 @@ def _typed(labels: Column) -> np.ndarray:
                 "labels as strings"
             )
         return values.astype(np.int64)
-    return values.astype(str)
+    return values.astype(_TEXT)
 
 
 def _split_codes(split: Column) -> np.ndarray:

@@ -28,7 +28,7 @@ from training.__main__ import main
 from training.data import DataError
 from training.heads import EvidentialHeads
 from training.protocol import MinMaxScaler
-from training.readers import load
+from training.readers import load, machine_memory
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
@@ -56,6 +56,45 @@ def test_a_npy_header_claiming_more_than_the_file_holds_is_refused(name, shape, 
     lying_npy(data / f"{name}.npy", "<i8", shape)  # terabytes: allocated, a MemoryError
     error = refused(capsys, "--data", data, "--out", tmp_path / "model")
     assert f"{data / f'{name}.npy'}: not a readable .npy file" in error
+
+
+def sparse_npy(path: Path, shape: tuple[int, int]) -> None:
+    """A float32 ``.npy`` file of ``shape``, all zeros, that takes no room on disk (a sparse file)."""
+    header = {"descr": "<f4", "fortran_order": False, "shape": shape}
+    with path.open("wb") as stream:
+        np.lib.format.write_array_header_1_0(stream, header)
+        stream.truncate(stream.tell() + shape[0] * shape[1] * 4)
+
+
+def test_a_view_larger_than_a_fit_could_hold_is_refused_before_its_matrix_is_made(tmp_path, capsys):
+    # Three quarters of this machine's memory as float32: within it, so it was made and filled (20 GB of
+    # zeros on a machine of 23.5), where the fit holding it needs more than there is.
+    rows = int(0.75 * machine_memory()) // (4 * 1000)
+    data = tmp_path / "data"
+    data.mkdir()
+    sparse_npy(data / "image.npy", (rows, 1000))
+    sparse_npy(data / "text.npy", (rows, 1))
+    np.save(data / "labels.npy", np.arange(rows, dtype=np.int64) % 2)
+    error = refused(capsys, "--data", data, "--out", tmp_path / "model")
+    assert error.startswith(f"error: {data / 'image.npy'}: {rows:,} samples of 1,000 features make ")
+    assert "a fit holds about 1.6 times its data: more than the " in error
+    assert not (tmp_path / "model").exists()
+
+
+@pytest.mark.parametrize("name", ["labels.npy", "labels.txt"])
+def test_a_labels_file_larger_than_a_fit_could_hold_is_refused_before_it_is_read(name, tmp_path, capsys):
+    # Sparse: a valid header (or none, as text), and gigabytes of zeros that take no room on disk; read in
+    # full, as labels are, before the row counts were compared.
+    data = write_npy(tmp_path / "data", *dataset())
+    (data / "labels.npy").unlink()
+    if name == "labels.npy":
+        sparse_npy(data / name, (int(0.75 * machine_memory()) // 4, 1))
+    else:
+        with (data / name).open("wb") as stream:
+            stream.truncate(machine_memory() // 20)  # its lines as Python strings: 20 times the file
+    error = refused(capsys, "--data", data, "--out", tmp_path / "model")
+    assert error.startswith(f"error: {data / name}: ")
+    assert "a fit holds about 1.6 times its data: more than the " in error
 
 
 # -- Parquet that decompresses to far more than it is --------------------------------------------------------
@@ -101,6 +140,74 @@ def test_a_parquet_label_column_of_huge_strings_is_refused_before_it_is_decompre
     assert path.stat().st_size < 100_000
     with pytest.raises(DataError, match=r"column 'label' row group 0: 3\.0 MB for 60 rows"):
         load(path)
+
+
+def test_a_parquet_label_column_of_long_strings_stored_once_is_refused_by_its_decoded_size(tmp_path):
+    # A dictionary stores each string once and the rows as run-length encoded indices: 120 KB stored here,
+    # 3.6 MB decoded; a string of a megabyte over 20,000 rows, 223 KB stored, had fit allocate 20 GB.
+    _, labels = dataset()
+    names = pa.array(["cat" * 20_000, "dog" * 20_000])
+    label = pa.DictionaryArray.from_arrays(pa.array(np.arange(labels.size) % 2, pa.int32()), names)
+    path = parquet_of(tmp_path / "bomb.parquet", label=label)
+    assert path.stat().st_size < 100_000
+    with pytest.raises(
+        DataError, match=r"column 'label': 3\.6 MB for 60 rows decoded, more than 1,024 bytes per row"
+    ):
+        load(path)
+
+
+@pytest.mark.parametrize(
+    ("column", "message"),
+    [
+        ("nosuch", r"no label column 'nosuch' \(columns: image, text, sensor, label\)"),
+        ("image", r"column 'label': type string is not numeric"),  # a list column: now a view of labels
+    ],
+)
+def test_a_parquet_label_column_that_is_absent_or_of_lists_is_refused_naming_it(column, message, tmp_path):
+    path = parquet_of(tmp_path / "data.parquet")  # read as a dictionary: named, pyarrow took only scalars
+    with pytest.raises(DataError, match=message):
+        load(path, label_column=column)
+
+
+def with_declared_rows(path: Path, rows: int, *, everywhere: bool = False) -> Path:
+    """``path``, a Parquet file of one row group, with its footer declaring ``rows`` rows in all; with
+    ``everywhere``, its row group and each column's count of values too, so that the metadata agree."""
+    held = pq.ParquetFile(path).metadata.num_rows
+    data, footer = path.read_bytes(), b""
+    size = int.from_bytes(data[-8:-4], "little")
+    footer = data[-8 - size : -8]
+
+    def field_3_i64(value: int) -> bytes:  # Thrift's compact protocol: FileMetaData.num_rows after schema
+        value, encoded = (value << 1) ^ (value >> 63), b""
+        while value > 0x7F:
+            encoded, value = encoded + bytes([value & 0x7F | 0x80]), value >> 7
+        return b"\x16" + encoded + bytes([value])
+
+    footer = footer.replace(field_3_i64(held), field_3_i64(rows), -1 if everywhere else 1)
+    path.write_bytes(data[: -8 - size] + footer + len(footer).to_bytes(4, "little") + b"PAR1")
+    assert pq.ParquetFile(path).metadata.num_rows == rows
+    return path
+
+
+@pytest.mark.parametrize("rows", [59, 10**12])
+def test_a_parquet_file_declaring_rows_it_does_not_hold_is_refused(rows, tmp_path, capsys):
+    # 59 of 60: an IndexError's traceback; 10**12: a matrix of that many rows asked for
+    path = with_declared_rows(parquet_of(tmp_path / "data.parquet"), rows)
+    error = refused(capsys, "--data", path, "--out", tmp_path / "model")
+    assert error == (
+        f"error: {path}: row groups of 60 rows, where the file's metadata declares {rows:,}: the file is "
+        "damaged; write it again\n"
+    )
+
+
+def test_a_parquet_file_whose_metadata_all_declare_rows_it_does_not_hold_is_refused(tmp_path, capsys):
+    # pyarrow reads the 60 rows there are: the matrix made for 1,000 was left uninitialised below them
+    path = with_declared_rows(parquet_of(tmp_path / "data.parquet"), 1000, everywhere=True)
+    error = refused(capsys, "--data", path, "--out", tmp_path / "model")
+    assert error == (
+        f"error: {path} column 'image': 60 rows, where the file's metadata declares 1,000: the file is "
+        "damaged; write it again\n"
+    )
 
 
 def test_a_variable_width_parquet_view_is_read_in_batches_of_its_own_width(tmp_path, monkeypatch):

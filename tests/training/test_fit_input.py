@@ -219,6 +219,43 @@ def test_blank_lines_at_the_end_of_labels_txt_are_left_out_and_between_refused(d
         load(data)
 
 
+@pytest.mark.parametrize("separator", ["\u2028", "\x0c", "\x1c", "\x85"])
+def test_labels_txt_is_split_at_line_ends_alone(separator, data):
+    # str.splitlines also breaks at these: a label holding one was two, and each line after it one more
+    labels = np.load(data / "labels.npy").tolist()
+    labels[1] = f"dog{separator}x"
+    with_labels_txt(data, "\r\n".join([*labels[:8], "", *labels[8:]]))
+    with pytest.raises(DataError, match=r"labels\.txt line 9: empty"):
+        load(data)
+
+
+def test_byte_string_labels_are_read_as_utf8_text(data):
+    labels = np.load(data / "labels.npy")
+    np.save(data / "labels.npy", np.char.encode(np.char.replace(labels, "eel", "éel"), "utf-8"))  # dtype S
+    assert load(data).class_names == ("cat", "dog", "éel")
+
+
+def test_byte_string_labels_that_are_not_utf8_are_refused_naming_the_row(data, tmp_path, capsys):
+    labels = np.char.encode(np.load(data / "labels.npy"), "utf-8").astype("S8")
+    labels[5] = b"caf\xe9"  # Latin-1: numpy's own conversion ended in a UnicodeDecodeError's traceback
+    np.save(data / "labels.npy", labels)
+    error = refused(capsys, "--data", data, "--out", tmp_path / "model")
+    assert error == f"error: {data / 'labels.npy'} row 5: byte 3 is not UTF-8; save text as UTF-8\n"
+
+
+def test_one_long_label_costs_its_own_length_not_every_rows(tmp_path):
+    # As fixed-width text, every row took the longest label's width: from a labels.txt of 3.5 MB, 1.2 TB.
+    rows, long = 100_000, "x" * 3_000_000
+    rng = np.random.default_rng(0)
+    views = {name: rng.normal(size=(rows, 2)).astype(np.float32) for name in ("image", "text")}
+    labels = np.where(np.arange(rows) % 2, "cat", "dog").tolist()
+    labels[7] = long
+    directory = write_npy(tmp_path / "data", views, np.array(["cat"]))
+    read = load(with_labels_txt(directory, "\n".join(labels)))
+    assert read.class_names == ("cat", "dog", long)
+    assert read.labels[7] == 2 and np.bincount(read.labels).tolist() == [49_999, 50_000, 1]
+
+
 # -- 7: the largest seed -----------------------------------------------------------------------------------
 
 

@@ -76,6 +76,18 @@ def test_a_symbolic_link_out_of_the_data_directory_is_refused_unread(tmp_path, c
         assert "for-your-eyes" not in error
 
 
+@pytest.mark.parametrize("target", ["absent.npy", "text.npy"])  # text.npy: itself, a loop
+def test_a_symbolic_link_to_no_file_is_said_to_be(target, tmp_path, capsys):
+    directory = write_npy(tmp_path / "data", *dataset())
+    (directory / "text.npy").unlink()
+    (directory / "text.npy").symlink_to(target)  # inside the directory: not "a link out of" it
+    error = refused(capsys, "--data", directory, "--out", tmp_path / "model")
+    assert error == (
+        f"error: {directory / 'text.npy'}: a symbolic link that leads to no file (to one that is absent, or "
+        "round a loop)\n"
+    )
+
+
 def test_a_symbolic_link_within_the_data_directory_is_read(tmp_path):
     views, labels = dataset()
     directory = write_npy(tmp_path / "data", views, labels)
