@@ -119,8 +119,9 @@ async def require_local_admin(request: Request) -> None:
     reach the port should be able to call for. With a key, the key guards them (:func:`require_api_key`).
 
     Behind a proxy on this host, uvicorn takes the client's address from ``X-Forwarded-For``, a header it
-    trusts from 127.0.0.1 only; from another loopback address (a mesh's sidecar, 127.0.0.6 in Istio) the
-    header stays, and every address it names must be local too. A proxy that sets no such header makes
+    trusts from this host's loopback only (:data:`service.server.LOCAL_PROXIES`); from another loopback
+    address (a mesh's sidecar, 127.0.0.6 in Istio) the header stays, and every address it names must be
+    local too. A proxy that sets no such header makes
     every client look local.
     """
     if request.app.state.settings.api_key is not None:

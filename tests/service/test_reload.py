@@ -18,8 +18,12 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+import uvicorn
 
+from service.app import create_app
 from service.proto import grpc_predict_v2_pb2 as pb
+from service.server import guarded, uvicorn_options
+from service.settings import Settings
 from tests.service.conftest import MODELS, free_port, running_service, service_process, serving
 from tests.service.test_connections import holder, served_connection
 from tests.service.test_service import HANDWRITTEN_DIMS, metric, zeros_sample
@@ -300,6 +304,28 @@ def test_without_a_key_only_clients_on_this_host_may_reload():
         assert httpx.post(url + "/v1/admin/reload", headers=remote).status_code == 401
         key = {**remote, "Authorization": "Bearer s3cret"}
         assert httpx.post(url + "/v1/admin/reload", headers=key).status_code == 200
+
+
+def test_a_client_on_another_host_cannot_name_itself_local_whatever_uvicorns_environment_says(monkeypatch):
+    """uvicorn takes the client's address from X-Forwarded-For when the peer is a proxy it trusts, and reads
+    the proxies to trust from FORWARDED_ALLOW_IPS, which its docs suggest setting to "*" in containers: so
+    set, a client on another host that sent "X-Forwarded-For: 127.0.0.1" was taken for a local one and
+    reloaded. The service trusts this host's proxies alone. The app is called as uvicorn runs it (its
+    middleware from the service's options), from another host's address, which no socket on loopback has."""
+    monkeypatch.setenv("FORWARDED_ALLOW_IPS", "*")
+    settings = Settings(model_dir=MODELS, log_level="warning")
+    config = uvicorn.Config(guarded(create_app(settings)), **uvicorn_options(settings))
+    config.load()
+
+    async def reload(headers: dict[str, str]) -> httpx.Response:
+        transport = httpx.ASGITransport(config.loaded_app, client=("203.0.113.7", 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://service") as client:
+            return await client.post("/v1/admin/reload", headers=headers)
+
+    for claimed in ("127.0.0.1", "::1", "203.0.113.7, 127.0.0.1"):
+        refused = asyncio.run(reload({"X-Forwarded-For": claimed}))
+        assert refused.status_code == 403, (claimed, refused.text)
+        assert "203.0.113.7" in refused.json()["error"]["message"]
 
 
 def many_models(tmp_path: Path, count: int) -> Path:
