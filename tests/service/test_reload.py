@@ -306,6 +306,32 @@ def test_without_a_key_only_clients_on_this_host_may_reload():
         assert httpx.post(url + "/v1/admin/reload", headers=key).status_code == 200
 
 
+def test_without_a_key_a_client_named_by_any_proxy_header_must_be_on_this_host():
+    """A proxy on this host may name its client in RFC 7239's Forwarded alone (HAProxy's ``option
+    forwarded``), or in nginx's X-Real-IP: read as no header, every client behind it looked local and
+    reloaded. Every address any of them names must be local; headers naming only local clients, or saying
+    nothing of the client (Forwarded's proto alone), change nothing."""
+    with serving(MODELS) as url:
+        for header, value in [
+            ("Forwarded", "for=203.0.113.7"),
+            ("Forwarded", 'for="203.0.113.7:4711";proto=https'),
+            ("Forwarded", 'For="[2001:db8::7]:4711"'),
+            ("Forwarded", "for=127.0.0.1, for=203.0.113.7"),
+            ("Forwarded", "for=unknown"),
+            ("X-Real-IP", "203.0.113.7"),
+        ]:
+            refused = httpx.post(url + "/v1/admin/reload", headers={header: value})
+            assert refused.status_code == 403, (header, value, refused.text)
+            assert refused.json()["error"]["type"] == "forbidden"
+        for header, value in [
+            ("Forwarded", 'for=127.0.0.1;proto=http, for="[::1]:80"'),
+            ("Forwarded", "proto=https"),
+            ("X-Real-IP", "127.0.0.1"),
+        ]:
+            answer = httpx.post(url + "/v1/admin/reload", headers={header: value})
+            assert answer.status_code == 200, (header, value, answer.text)
+
+
 def test_a_client_on_another_host_cannot_name_itself_local_whatever_uvicorns_environment_says(monkeypatch):
     """uvicorn takes the client's address from X-Forwarded-For when the peer is a proxy it trusts, and reads
     the proxies to trust from FORWARDED_ALLOW_IPS, which its docs suggest setting to "*" in containers: so
