@@ -16,6 +16,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 from typing import Annotated
+from urllib.parse import urlsplit
 
 from fastapi import HTTPException, Request, Security
 from fastapi.routing import APIRoute
@@ -124,6 +125,11 @@ async def require_local_admin(request: Request) -> None:
     names must be local too: ``X-Forwarded-For``'s, RFC 7239's ``Forwarded: for=`` (a proxy may set it
     alone: read as none, it made every client look local) and nginx's ``X-Real-IP``. A proxy that sets none
     of them makes every client look local.
+
+    A browser on this host calls from loopback whatever page it shows: a request naming a page's
+    ``Origin`` is taken from this host's pages alone (Swagger UI at /docs). Else any site could have it
+    reload, again and again (a POST without a body needs no CORS preflight; DNS rebinding makes the page
+    the service's own origin as the browser sees it, not as the ``Origin`` names it).
     """
     if request.app.state.settings.api_key is not None:
         return
@@ -134,6 +140,21 @@ async def require_local_admin(request: Request) -> None:
             f"admin endpoints answer only clients on this host (not {remote or 'an unknown client'}) while "
             "the service has no DBF_API_KEY; set one to call them from elsewhere"
         )
+    origin = request.headers.get("origin")
+    if origin is not None and not _local_origin(origin):
+        raise Forbidden(
+            f"admin endpoints answer no web page but this host's (not Origin: {origin}) while the service "
+            "has no DBF_API_KEY: call them from a script or this host's page, or set a key"
+        )
+
+
+def _local_origin(origin: str) -> bool:
+    """Whether a browser's ``Origin`` is a page of this host: its host loopback (an address, or localhost)."""
+    try:
+        host = urlsplit(origin).hostname
+    except ValueError:  # not a URL (an unbalanced bracket)
+        return False
+    return host is not None and (host == "localhost" or _loopback(host))
 
 
 def _proxied(request: Request) -> list[str]:

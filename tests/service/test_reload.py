@@ -332,6 +332,29 @@ def test_without_a_key_a_client_named_by_any_proxy_header_must_be_on_this_host()
             assert answer.status_code == 200, (header, value, answer.text)
 
 
+def test_without_a_key_a_web_page_in_a_browser_on_this_host_cannot_reload():
+    """A browser on this host calls from loopback for whatever page it shows: any site could reload the
+    models of a service without a key (a POST without a body needs no CORS preflight; with DNS rebinding,
+    the page is even of the same origin as it sees it), again and again. A browser names the page's origin
+    in ``Origin``: only this host's pages (Swagger UI at /docs) may reload; scripts send no Origin."""
+    with serving(MODELS) as url:
+        reloads = metric(url, "dbf_model_reloads_total", outcome="success")
+        for origin in (
+            "https://attacker.example",
+            "http://rebound.example:8000",
+            "null",
+            "http://localhost.example",
+        ):
+            refused = httpx.post(url + "/v1/admin/reload", headers={"Origin": origin})
+            assert refused.status_code == 403, (origin, refused.text)
+            assert refused.json()["error"]["type"] == "forbidden"
+            assert origin in refused.json()["error"]["message"]
+        assert metric(url, "dbf_model_reloads_total", outcome="success") == reloads
+        for origin in (url, "http://localhost:8000", "http://[::1]:8000"):
+            answer = httpx.post(url + "/v1/admin/reload", headers={"Origin": origin})
+            assert answer.status_code == 200, (origin, answer.text)
+
+
 def test_a_client_on_another_host_cannot_name_itself_local_whatever_uvicorns_environment_says(monkeypatch):
     """uvicorn takes the client's address from X-Forwarded-For when the peer is a proxy it trusts, and reads
     the proxies to trust from FORWARDED_ALLOW_IPS, which its docs suggest setting to "*" in containers: so
