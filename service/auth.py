@@ -16,6 +16,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 from typing import Annotated
+from urllib.parse import urlsplit
 
 from fastapi import HTTPException, Request, Security
 from fastapi.routing import APIRoute
@@ -119,20 +120,62 @@ async def require_local_admin(request: Request) -> None:
     reach the port should be able to call for. With a key, the key guards them (:func:`require_api_key`).
 
     Behind a proxy on this host, uvicorn takes the client's address from ``X-Forwarded-For``, a header it
-    trusts from 127.0.0.1 only; from another loopback address (a mesh's sidecar, 127.0.0.6 in Istio) the
-    header stays, and every address it names must be local too. A proxy that sets no such header makes
-    every client look local.
+    trusts from this host's loopback only (:data:`service.server.LOCAL_PROXIES`); from another loopback
+    address (a mesh's sidecar, 127.0.0.6 in Istio) the header stays. Every address that a proxy's header
+    names must be local too: ``X-Forwarded-For``'s, RFC 7239's ``Forwarded: for=`` (a proxy may set it
+    alone: read as none, it made every client look local) and nginx's ``X-Real-IP``. A proxy that sets none
+    of them makes every client look local.
+
+    A browser on this host calls from loopback whatever page it shows: a request naming a page's
+    ``Origin`` is taken from this host's pages alone (Swagger UI at /docs). Else any site could have it
+    reload, again and again (a POST without a body needs no CORS preflight; DNS rebinding makes the page
+    the service's own origin as the browser sees it, not as the ``Origin`` names it).
     """
     if request.app.state.settings.api_key is not None:
         return
     client = request.client.host if request.client is not None else ""
-    forwarded = [a.strip() for value in request.headers.getlist("x-forwarded-for") for a in value.split(",")]
-    remote = next((address for address in (client, *forwarded) if not _loopback(address)), None)
+    remote = next((address for address in (client, *_proxied(request)) if not _loopback(address)), None)
     if remote is not None:
         raise Forbidden(
             f"admin endpoints answer only clients on this host (not {remote or 'an unknown client'}) while "
             "the service has no DBF_API_KEY; set one to call them from elsewhere"
         )
+    origin = request.headers.get("origin")
+    if origin is not None and not _local_origin(origin):
+        raise Forbidden(
+            f"admin endpoints answer no web page but this host's (not Origin: {origin}) while the service "
+            "has no DBF_API_KEY: call them from a script or this host's page, or set a key"
+        )
+
+
+def _local_origin(origin: str) -> bool:
+    """Whether a browser's ``Origin`` is a page of this host: its host loopback (an address, or localhost)."""
+    try:
+        host = urlsplit(origin).hostname
+    except ValueError:  # not a URL (an unbalanced bracket)
+        return False
+    return host is not None and (host == "localhost" or _loopback(host))
+
+
+def _proxied(request: Request) -> list[str]:
+    """The client addresses that proxies name in the request's headers, as they wrote them (an address,
+    or whatever else they put there: a name, ``unknown``, an obfuscated ``_node``)."""
+    headers = request.headers
+    named = [a.strip() for value in headers.getlist("x-forwarded-for") for a in value.split(",")]
+    named += [value.strip() for value in headers.getlist("x-real-ip")]
+    for value in headers.getlist("forwarded"):
+        for pair in (pair for element in value.split(",") for pair in element.split(";")):
+            name, _, node = pair.partition("=")
+            if name.strip().lower() == "for":
+                named.append(_node_address(node.strip().strip('"')))
+    return named
+
+
+def _node_address(node: str) -> str:
+    """The address of a ``Forwarded`` node: ``192.0.2.7``, ``192.0.2.7:4711``, ``[2001:db8::7]:4711``."""
+    if node.startswith("["):
+        return node[1:].partition("]")[0]
+    return node.partition(":")[0]
 
 
 def _loopback(host: str) -> bool:

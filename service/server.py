@@ -797,7 +797,15 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         # The lifespan loads the models: a fault in it stops the server ("auto" would serve without them).
         "lifespan": "on",
         "timeout_keep_alive": settings.idle_timeout_seconds,
+        # The proxies whose X-Forwarded-For names the client (service.auth.require_local_admin judges it):
+        # this host's, never uvicorn's FORWARDED_ALLOW_IPS from the environment. "*" there, which uvicorn
+        # suggests in containers, let a client on another host name itself 127.0.0.1 and reload.
+        "forwarded_allow_ips": LOCAL_PROXIES,
     }
+
+
+LOCAL_PROXIES = "127.0.0.1,::1"
+"""The peers trusted to name their client in X-Forwarded-For: uvicorn's default, this host's loopback."""
 
 
 def fit_descriptor_limit(settings: Settings) -> int:

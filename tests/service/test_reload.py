@@ -18,8 +18,12 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+import uvicorn
 
+from service.app import create_app
 from service.proto import grpc_predict_v2_pb2 as pb
+from service.server import guarded, uvicorn_options
+from service.settings import Settings
 from tests.service.conftest import MODELS, free_port, running_service, service_process, serving
 from tests.service.test_connections import holder, served_connection
 from tests.service.test_service import HANDWRITTEN_DIMS, metric, zeros_sample
@@ -300,6 +304,77 @@ def test_without_a_key_only_clients_on_this_host_may_reload():
         assert httpx.post(url + "/v1/admin/reload", headers=remote).status_code == 401
         key = {**remote, "Authorization": "Bearer s3cret"}
         assert httpx.post(url + "/v1/admin/reload", headers=key).status_code == 200
+
+
+def test_without_a_key_a_client_named_by_any_proxy_header_must_be_on_this_host():
+    """A proxy on this host may name its client in RFC 7239's Forwarded alone (HAProxy's ``option
+    forwarded``), or in nginx's X-Real-IP: read as no header, every client behind it looked local and
+    reloaded. Every address any of them names must be local; headers naming only local clients, or saying
+    nothing of the client (Forwarded's proto alone), change nothing."""
+    with serving(MODELS) as url:
+        for header, value in [
+            ("Forwarded", "for=203.0.113.7"),
+            ("Forwarded", 'for="203.0.113.7:4711";proto=https'),
+            ("Forwarded", 'For="[2001:db8::7]:4711"'),
+            ("Forwarded", "for=127.0.0.1, for=203.0.113.7"),
+            ("Forwarded", "for=unknown"),
+            ("X-Real-IP", "203.0.113.7"),
+        ]:
+            refused = httpx.post(url + "/v1/admin/reload", headers={header: value})
+            assert refused.status_code == 403, (header, value, refused.text)
+            assert refused.json()["error"]["type"] == "forbidden"
+        for header, value in [
+            ("Forwarded", 'for=127.0.0.1;proto=http, for="[::1]:80"'),
+            ("Forwarded", "proto=https"),
+            ("X-Real-IP", "127.0.0.1"),
+        ]:
+            answer = httpx.post(url + "/v1/admin/reload", headers={header: value})
+            assert answer.status_code == 200, (header, value, answer.text)
+
+
+def test_without_a_key_a_web_page_in_a_browser_on_this_host_cannot_reload():
+    """A browser on this host calls from loopback for whatever page it shows: any site could reload the
+    models of a service without a key (a POST without a body needs no CORS preflight; with DNS rebinding,
+    the page is even of the same origin as it sees it), again and again. A browser names the page's origin
+    in ``Origin``: only this host's pages (Swagger UI at /docs) may reload; scripts send no Origin."""
+    with serving(MODELS) as url:
+        reloads = metric(url, "dbf_model_reloads_total", outcome="success")
+        for origin in (
+            "https://attacker.example",
+            "http://rebound.example:8000",
+            "null",
+            "http://localhost.example",
+        ):
+            refused = httpx.post(url + "/v1/admin/reload", headers={"Origin": origin})
+            assert refused.status_code == 403, (origin, refused.text)
+            assert refused.json()["error"]["type"] == "forbidden"
+            assert origin in refused.json()["error"]["message"]
+        assert metric(url, "dbf_model_reloads_total", outcome="success") == reloads
+        for origin in (url, "http://localhost:8000", "http://[::1]:8000"):
+            answer = httpx.post(url + "/v1/admin/reload", headers={"Origin": origin})
+            assert answer.status_code == 200, (origin, answer.text)
+
+
+def test_a_client_on_another_host_cannot_name_itself_local_whatever_uvicorns_environment_says(monkeypatch):
+    """uvicorn takes the client's address from X-Forwarded-For when the peer is a proxy it trusts, and reads
+    the proxies to trust from FORWARDED_ALLOW_IPS, which its docs suggest setting to "*" in containers: so
+    set, a client on another host that sent "X-Forwarded-For: 127.0.0.1" was taken for a local one and
+    reloaded. The service trusts this host's proxies alone. The app is called as uvicorn runs it (its
+    middleware from the service's options), from another host's address, which no socket on loopback has."""
+    monkeypatch.setenv("FORWARDED_ALLOW_IPS", "*")
+    settings = Settings(model_dir=MODELS, log_level="warning")
+    config = uvicorn.Config(guarded(create_app(settings)), **uvicorn_options(settings))
+    config.load()
+
+    async def reload(headers: dict[str, str]) -> httpx.Response:
+        transport = httpx.ASGITransport(config.loaded_app, client=("203.0.113.7", 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://service") as client:
+            return await client.post("/v1/admin/reload", headers=headers)
+
+    for claimed in ("127.0.0.1", "::1", "203.0.113.7, 127.0.0.1"):
+        refused = asyncio.run(reload({"X-Forwarded-For": claimed}))
+        assert refused.status_code == 403, (claimed, refused.text)
+        assert "203.0.113.7" in refused.json()["error"]["message"]
 
 
 def many_models(tmp_path: Path, count: int) -> Path:
