@@ -157,6 +157,13 @@ class Column(NamedTuple):
     values: object
     where: str
 
+    def at(self, *rows: int) -> str:
+        """Where samples ``rows`` are, as the docs count: ``F.txt line 3`` (an editor's lines, from 1) for a
+        text file, ``F.npy row 2`` (from 0) for an array or a Parquet column; ``rows 2 and 5`` for two."""
+        text = isinstance(self.values, list)
+        unit = ("line" if text else "row") + ("s" if len(rows) > 1 else "")
+        return f"{self.where} {unit} {' and '.join(str(row + text) for row in rows)}"
+
 
 def load(
     source: str | os.PathLike[str] | DatasetSpec,
@@ -1099,7 +1106,7 @@ def _class_labels(labels: Column, classes: Sequence[str] | None) -> tuple[np.nda
         if blank.any():
             row = int(np.argmax(blank))
             raise DataError(
-                f"{labels.where} row {row}: label missing ({str(values[row])!r}, a blank string); every "
+                f"{labels.at(row)}: label missing ({str(values[row])!r}, a blank string); every "
                 "sample needs a label: fill it in, or leave the sample out"
             )
     if classes is not None:
@@ -1122,7 +1129,7 @@ def _class_labels(labels: Column, classes: Sequence[str] | None) -> tuple[np.nda
             if outside.any():
                 row = int(np.argmax(outside))
                 raise DataError(
-                    f"{labels.where} row {row}: label {int(values[row])}, but {len(classes)} class names are "
+                    f"{labels.at(row)}: label {int(values[row])}, but {len(classes)} class names are "
                     f"given (integer labels index them: 0 .. {len(classes) - 1})"
                 )
             codes = values.astype(np.int64)
@@ -1130,14 +1137,14 @@ def _class_labels(labels: Column, classes: Sequence[str] | None) -> tuple[np.nda
         if classes is None:
             unique, codes = np.unique(values, return_inverse=True)
             classes = tuple(unique.tolist())
-            _check_written_once(classes, values, where=labels.where)
+            _check_written_once(classes, values, labels=labels)
         else:
             index = {name: k for k, name in enumerate(classes)}
             codes = np.empty(values.size, dtype=np.int64)
             for row, value in enumerate(values.tolist()):
                 if value not in index:
                     raise DataError(
-                        f"{labels.where} row {row}: label {value!r} is not among the class names given "
+                        f"{labels.at(row)}: label {value!r} is not among the class names given "
                         f"({', '.join(classes[:10])}{', ...' if len(classes) > 10 else ''})"
                     )
                 codes[row] = index[value]
@@ -1155,7 +1162,7 @@ def _class_labels(labels: Column, classes: Sequence[str] | None) -> tuple[np.nda
     return np.asarray(codes, dtype=np.int64).reshape(-1), tuple(classes)
 
 
-def _check_written_once(classes: Sequence[str], values: np.ndarray, *, where: str) -> None:
+def _check_written_once(classes: Sequence[str], values: np.ndarray, *, labels: Column) -> None:
     """A :class:`DataError` for two labels that differ only in surrounding whitespace or in Unicode form
     (``café`` composed and decomposed print alike): one class written two ways would be split in two."""
     seen: dict[str, str] = {}
@@ -1165,7 +1172,7 @@ def _check_written_once(classes: Sequence[str], values: np.ndarray, *, where: st
             first = seen[key]
             rows = [int(np.argmax(values == label)) for label in (first, name)]
             raise DataError(
-                f"{where} rows {rows[0]} and {rows[1]}: labels {first!a} and {name!a} differ only in "
+                f"{labels.at(*rows)}: labels {first!a} and {name!a} differ only in "
                 "surrounding whitespace or Unicode form, and would be two classes; write each class one "
                 "way (strip the labels, and normalise them to NFC)"
             )
@@ -1250,9 +1257,6 @@ def _split_codes(split: Column) -> np.ndarray:
     for row, value in enumerate(values):
         code = _SPLIT_ALIASES.get(value.strip().lower()) if isinstance(value, str) else None
         if code is None:
-            line = f"line {row + 1}" if isinstance(split.values, list) else f"row {row}"
-            raise DataError(
-                f"{split.where} {line}: split {value!r}; expected one of {', '.join(SPLIT_NAMES)}"
-            )
+            raise DataError(f"{split.at(row)}: split {value!r}; expected one of {', '.join(SPLIT_NAMES)}")
         codes[row] = code
     return codes

@@ -309,6 +309,25 @@ def test_a_class_named_twice_is_refused_naming_where(data):
         load(data, classes=["cat", "dog", "cat"])
 
 
+def test_a_label_of_labels_txt_is_named_by_its_line_as_an_editor_counts(data):
+    """The docs count the lines of a text file from 1, as an editor does: a message saying "row 1" sent a
+    user to the first line, one above the label at fault."""
+    labels = list(np.load(data / "labels.npy"))
+    labels[1] = "fox"
+    with_labels_txt(data, "\n".join(labels) + "\n")
+    with pytest.raises(
+        DataError, match=r"labels\.txt line 2: label 'fox' is not among the class names given"
+    ):
+        load(data, classes=sorted(set(labels) - {"fox"}))
+    (data / "labels.txt").write_text("0\n3\n" + "1\n" * 58)
+    with pytest.raises(DataError, match=r"labels\.txt line 2: label 3, but 3 class names are given"):
+        load(data, classes=["a", "b", "c"])
+    labels[1], labels[3] = "cafe\u0301", "caf\u00e9"  # decomposed and composed: they print alike
+    (data / "labels.txt").write_text("\n".join(labels) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"labels\.txt lines 2 and 4: labels 'cafe\\u0301' and 'caf\\xe9'"):
+        load(data)
+
+
 # -- a view that carries nothing -------------------------------------------------------------------------
 
 
