@@ -613,7 +613,8 @@ def _add_fit_training(own: argparse.ArgumentParser) -> None:
         "--patience",
         type=_patience,
         help="stop after this many epochs without a better validation loss (default: "
-        f"{Budget.patience_steps:,} optimizer steps' worth, at least {Budget.min_patience}; 0: every epoch)",
+        f"{Budget.patience_steps:,} optimizer steps' worth, at least {Budget.min_patience}; "
+        "0: no early stopping)",
     )
     own.add_argument(
         "--max-minutes",
