@@ -260,14 +260,12 @@ def read_npy_directory(
     reserved = {label_column, *([split_column] if split_column else [])}
     labels = _text_or_npy(directory, label_column, role="labels")
     if labels is None:
-        raise DataError(
-            f"{directory}: no {label_column}.npy or {label_column}.txt (the labels, one per sample)"
-        )
+        raise _no_stem_file(directory, label_column, "--label-column", "the labels, one per sample")
     split = None
     if split_column is not None:
         split = _text_or_npy(directory, split_column, role="split")
         if split is None:
-            raise DataError(f"{directory}: no {split_column}.npy or {split_column}.txt (the split column)")
+            raise _no_stem_file(directory, split_column, "--split-column", "the split column")
     found = sorted(path.stem for path in directory.glob("*.npy") if path.stem not in reserved)
     names = list(views) if views is not None else found
     for name in names:
@@ -305,6 +303,16 @@ def _check_stem(stem: str, directory: Path, *, option: str, example: str) -> Non
             f"{directory}: {option} {stem!r} is not a file name; it names a file in the data directory by "
             f"its stem alone ({example} for {directory / example}.npy or .txt)"
         )
+
+
+def _no_stem_file(directory: Path, stem: str, option: str, role: str) -> DataError:
+    """No ``stem.npy`` nor ``stem.txt``; given the file's name (``fold.npy``), as a user first types it, the
+    option is told to take its stem (no ``fold.npy.npy`` is all it said)."""
+    message = f"{directory}: no {stem}.npy or {stem}.txt ({role})"
+    base, extension = os.path.splitext(stem)
+    if base and extension.lower() in (".npy", ".txt"):
+        message += f"; {option} takes the file's stem alone: {base}"
+    return DataError(message)
 
 
 def _open_npy(path: Path, *, directory: Path) -> np.ndarray:

@@ -246,6 +246,18 @@ def test_a_label_or_split_file_is_named_by_a_plain_stem(option, stem, data, tmp_
     assert str(caught.value).startswith(f"{data}: {option} {stem!r} is not a file name")
 
 
+@pytest.mark.parametrize(("option", "name"), [("split_column", "fold.npy"), ("label_column", "kind.txt")])
+def test_a_label_or_split_file_named_with_its_extension_is_told_its_stem(option, name, data):
+    """The docs name these files by their stem alone; given the file's name, as a user first types it, the
+    error said only that no fold.npy.npy was there."""
+    np.save(data / "fold.npy", np.full(60, "train"))
+    (data / "labels.npy").rename(data / "kind.npy")
+    with pytest.raises(DataError) as caught:
+        load(data, **({"label_column": "kind"} | {option: name}))
+    stem = name.split(".")[0]
+    assert str(caught.value).endswith(f"--{option.replace('_', '-')} takes the file's stem alone: {stem}")
+
+
 def test_a_view_file_in_another_case_is_refused_naming_it(data):
     (data / "lidar.NPY").write_bytes((data / "text.npy").read_bytes())
     with pytest.raises(DataError) as caught:
