@@ -222,9 +222,11 @@ def load(
     registered = [spec for spec in DATASETS.values() if spec.file_name == path.name]
     if path.suffix.lower() == ".mat" and registered and label_column is None and views is None:
         return read_registered(registered[0], path.parent)
+    kind = f"{path.suffix} files" if path.suffix else "files without an extension"
     raise DataError(
-        f"{path}: not a format dataset files come in: a directory of .npy files, a .parquet file, or a "
-        "benchmark dataset's .mat file"
+        f"{path}: fit does not read {kind}, only a directory of .npy files (one per view), a .parquet file, "
+        "or a benchmark dataset's .mat file; write one of those from it (e.g. read it with pandas, then "
+        "np.save each view's columns as <view>.npy and the labels as labels.npy: docs/data/formats.md)"
     )
 
 

@@ -258,6 +258,20 @@ def test_a_label_or_split_file_named_with_its_extension_is_told_its_stem(option,
     assert str(caught.value).endswith(f"--{option.replace('_', '-')} takes the file's stem alone: {stem}")
 
 
+def test_a_csv_file_is_refused_saying_what_fit_reads_and_how_to_get_there(tmp_path):
+    """A new user's first try is a CSV: the error read "not a format dataset files come in", and said
+    nothing of how to turn one into what fit reads."""
+    path = tmp_path / "data.csv"
+    path.write_text("label,a,b\ncat,1,2\n")
+    with pytest.raises(DataError) as caught:
+        load(path)
+    assert str(caught.value) == (
+        f"{path}: fit does not read .csv files, only a directory of .npy files (one per view), a .parquet "
+        "file, or a benchmark dataset's .mat file; write one of those from it (e.g. read it with pandas, "
+        "then np.save each view's columns as <view>.npy and the labels as labels.npy: docs/data/formats.md)"
+    )
+
+
 def test_a_view_file_in_another_case_is_refused_naming_it(data):
     (data / "lidar.NPY").write_bytes((data / "text.npy").read_bytes())
     with pytest.raises(DataError) as caught:
