@@ -418,7 +418,10 @@ def _class_names(path: Path, *, directory: Path) -> list[str]:
                 f"{path} line {number}: class {name!r} again (line {first[name]}); class names are distinct"
             )
         first.setdefault(name, number)
-    return [name for name in lines if name]
+    names = [name for name in lines if name]
+    if not names:
+        raise DataError(f"{path}: no class name (one a line, in label order)")
+    return names
 
 
 # -- Parquet -------------------------------------------------------------------------------------------------
@@ -1121,6 +1124,8 @@ def _class_labels(labels: Column, classes: Sequence[str] | None) -> tuple[np.nda
             )
     if classes is not None:
         classes = tuple(str(c) for c in classes)
+        if not classes:  # `--classes ,`: else "0 class names" for labels to index, or to be among
+            raise DataError("--classes names no class (it takes comma-separated class names in label order)")
         if len(set(classes)) != len(classes):  # classes.txt is checked as it is read, naming its lines
             duplicate = next(c for c in classes if classes.count(c) > 1)
             raise DataError(f"--classes names {duplicate!r} twice; class names are distinct")

@@ -354,6 +354,18 @@ def test_a_label_of_labels_txt_is_named_by_its_line_as_an_editor_counts(data):
         load(data)
 
 
+def test_no_class_name_given_is_said_to_be(data):
+    """`--classes ,` (or an empty classes.txt) named no class, and integer labels were refused as indexing
+    "0 class names (0 .. -1)"; as `--views ,` is, it is refused saying that it names none."""
+    np.save(data / "labels.npy", np.searchsorted(["cat", "dog", "eel"], np.load(data / "labels.npy")))
+    with pytest.raises(DataError, match=r"^--classes names no class \(it takes comma-separated class names"):
+        load(data, classes=[])
+    (data / "classes.txt").write_text("\n\n")
+    with pytest.raises(DataError) as caught:
+        load(data)
+    assert str(caught.value) == f"{data / 'classes.txt'}: no class name (one a line, in label order)"
+
+
 # -- a view that carries nothing -------------------------------------------------------------------------
 
 
