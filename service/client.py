@@ -113,12 +113,23 @@ def _samples(samples: Sequence[Features] | Mapping[str, Any]) -> Sequence[Featur
     """Samples as a sequence of mappings: given so, or as one ``(N, d)`` matrix per view (fit's layout)."""
     if isinstance(samples, Mapping):
         columns = {name: None if values is None else _array(values) for name, values in samples.items()}
-        matrices = [values for values in columns.values() if values is not None]
-        rows = {len(values) for values in matrices if values.ndim == 2}
-        if len(rows) != 1 or any(values.ndim != 2 for values in matrices):
+        matrices = {name: values for name, values in columns.items() if values is not None}
+        rows = {len(values) for values in matrices.values() if values.ndim == 2}
+        if len(rows) != 1 or any(values.ndim != 2 for values in matrices.values()):
+            # Which view: among many, the user could not tell (a view of one feature given as its column)
+            flat = next((name for name, values in matrices.items() if values.ndim != 2), None)
+            if flat is not None:
+                wrong = f"view {flat!r}: shape {matrices[flat].shape}, not (N, d)"
+                if matrices[flat].ndim == 1:
+                    wrong += "; a view of one feature is an (N, 1) matrix: values.reshape(-1, 1)"
+            elif rows:
+                counts = ", ".join(f"{name!r} {len(values)}" for name, values in matrices.items())
+                wrong = f"views of different row counts: {counts}"
+            else:
+                wrong = "no view given"
             raise ValueError(
-                "samples as a mapping hold one (N, d) matrix per view, N the same for all; or give a "
-                "sequence of per-sample mappings {view: features}"
+                f"{wrong}; samples as a mapping hold one (N, d) matrix per view, N the same for all; or give "
+                "a sequence of per-sample mappings {view: features}"
             )
         return [{name: None if v is None else v[i] for name, v in columns.items()} for i in range(rows.pop())]
     samples = list(samples)  # a generator too: checked, then sent (the check alone would use it up)

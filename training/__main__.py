@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -31,6 +32,9 @@ from pathlib import Path
 from fusion import METHODS
 from training.download import ChecksumError, DownloadError, download
 from training.registry import DATASETS
+
+# The modules of pyproject's `train` extra, which `make serve` (the service alone) does not install.
+TRAIN_EXTRA = ("torch", "scipy", "tqdm", "matplotlib", "onnx", "pyarrow")
 
 
 def _download(args: argparse.Namespace) -> int:
@@ -402,17 +406,44 @@ def _terminate(signum: int, frame: object) -> None:
     raise _Terminated
 
 
+def _without_train_extra(absent: ModuleNotFoundError) -> int:
+    """A one-line error for a module of the `train` extra that is not installed (a traceback otherwise)."""
+    module = (absent.name or "").split(".")[0]
+    if module not in TRAIN_EXTRA:
+        raise absent
+    print(
+        f"error: python -m training needs the `train` extra ({module} is not installed here; `make serve` "
+        "installs the service alone): from the checkout, python -m pip install -c constraints.txt -e "
+        "'.[train]' (or `make lint`, which adds the dev tools)",
+        file=sys.stderr,
+    )
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run a command; an interrupt (Ctrl-C, SIGTERM) ends it with a line saying so and 130 or 143."""
     import signal
     import threading
 
-    args = _parser().parse_args(argv)
+    try:  # the parser imports the commands' modules, torch's and scipy's among them
+        parser = _parser()
+    except ModuleNotFoundError as absent:
+        return _without_train_extra(absent)
+    args = parser.parse_args(argv)
+    # matplotlib (the card's figures) and onnx (the export) are imported once the heads are trained: a fit
+    # of many minutes would end in that error; imported first instead (a second at most).
+    try:
+        for module in TRAIN_EXTRA:
+            importlib.import_module(module)
+    except ModuleNotFoundError as absent:
+        return _without_train_extra(absent)
     # Only the main thread may set a handler; elsewhere (a caller's thread) SIGTERM keeps its own.
     handled = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if handled else None
     try:
         return args.run(args)
+    except ModuleNotFoundError as absent:
+        return _without_train_extra(absent)
     except KeyboardInterrupt as interrupt:
         terminated = isinstance(interrupt, _Terminated)
         out = getattr(args, "out", None)
@@ -613,7 +644,8 @@ def _add_fit_training(own: argparse.ArgumentParser) -> None:
         "--patience",
         type=_patience,
         help="stop after this many epochs without a better validation loss (default: "
-        f"{Budget.patience_steps:,} optimizer steps' worth, at least {Budget.min_patience}; 0: every epoch)",
+        f"{Budget.patience_steps:,} optimizer steps' worth, at least {Budget.min_patience}; "
+        "0: no early stopping)",
     )
     own.add_argument(
         "--max-minutes",

@@ -198,6 +198,13 @@ class Column(NamedTuple):
     values: object
     where: str
 
+    def at(self, *rows: int) -> str:
+        """Where samples ``rows`` are, as the docs count: ``F.txt line 3`` (an editor's lines, from 1) for a
+        text file, ``F.npy row 2`` (from 0) for an array or a Parquet column; ``rows 2 and 5`` for two."""
+        text = isinstance(self.values, list)
+        unit = ("line" if text else "row") + ("s" if len(rows) > 1 else "")
+        return f"{self.where} {unit} {' and '.join(str(row + text) for row in rows)}"
+
 
 def load(
     source: str | os.PathLike[str] | DatasetSpec,
@@ -256,9 +263,11 @@ def load(
     registered = [spec for spec in DATASETS.values() if spec.file_name == path.name]
     if path.suffix.lower() == ".mat" and registered and label_column is None and views is None:
         return read_registered(registered[0], path.parent)
+    kind = f"{path.suffix} files" if path.suffix else "files without an extension"
     raise DataError(
-        f"{path}: not a format dataset files come in: a directory of .npy files, a .parquet file, or a "
-        "benchmark dataset's .mat file"
+        f"{path}: fit does not read {kind}, only a directory of .npy files (one per view), a .parquet file, "
+        "or a benchmark dataset's .mat file; write one of those from it (e.g. read it with pandas, then "
+        "np.save each view's columns as <view>.npy and the labels as labels.npy: docs/data/formats.md)"
     )
 
 
@@ -294,14 +303,12 @@ def read_npy_directory(
     reserved = {label_column, *([split_column] if split_column else [])}
     labels = _text_or_npy(directory, label_column, role="labels")
     if labels is None:
-        raise DataError(
-            f"{directory}: no {label_column}.npy or {label_column}.txt (the labels, one per sample)"
-        )
+        raise _no_stem_file(directory, label_column, "--label-column", "the labels, one per sample")
     split = None
     if split_column is not None:
         split = _text_or_npy(directory, split_column, role="split")
         if split is None:
-            raise DataError(f"{directory}: no {split_column}.npy or {split_column}.txt (the split column)")
+            raise _no_stem_file(directory, split_column, "--split-column", "the split column")
     found = sorted(path.stem for path in directory.glob("*.npy") if path.stem not in reserved)
     names = list(views) if views is not None else found
     for name in names:
@@ -339,6 +346,16 @@ def _check_stem(stem: str, directory: Path, *, option: str, example: str) -> Non
             f"{directory}: {option} {stem!r} is not a file name; it names a file in the data directory by "
             f"its stem alone ({example} for {directory / example}.npy or .txt)"
         )
+
+
+def _no_stem_file(directory: Path, stem: str, option: str, role: str) -> DataError:
+    """No ``stem.npy`` nor ``stem.txt``; given the file's name (``fold.npy``), as a user first types it, the
+    option is told to take its stem (no ``fold.npy.npy`` is all it said)."""
+    message = f"{directory}: no {stem}.npy or {stem}.txt ({role})"
+    base, extension = os.path.splitext(stem)
+    if base and extension.lower() in (".npy", ".txt"):
+        message += f"; {option} takes the file's stem alone: {base}"
+    return DataError(message)
 
 
 def _open_npy(path: Path, *, directory: Path) -> np.ndarray:
@@ -481,7 +498,10 @@ def _class_names(path: Path, *, directory: Path) -> list[str]:
                 f"{path} line {number}: class {name!r} again (line {first[name]}); class names are distinct"
             )
         first.setdefault(name, number)
-    return [name for name in lines if name]
+    names = [name for name in lines if name]
+    if not names:
+        raise DataError(f"{path}: no class name (one a line, in label order)")
+    return names
 
 
 # -- Parquet -------------------------------------------------------------------------------------------------
@@ -1217,11 +1237,13 @@ def _class_labels(labels: Column, classes: Sequence[str] | None) -> tuple[np.nda
         if blank.any():
             row = int(np.argmax(blank))
             raise DataError(
-                f"{labels.where} row {row}: label missing ({str(values[row])!r}, a blank string); every "
+                f"{labels.at(row)}: label missing ({str(values[row])!r}, a blank string); every "
                 "sample needs a label: fill it in, or leave the sample out"
             )
     if classes is not None:
         classes = tuple(str(c) for c in classes)
+        if not classes:  # `--classes ,`: else "0 class names" for labels to index, or to be among
+            raise DataError("--classes names no class (it takes comma-separated class names in label order)")
         if len(set(classes)) != len(classes):  # classes.txt is checked as it is read, naming its lines
             duplicate = next(c for c in classes if classes.count(c) > 1)
             raise DataError(f"--classes names {duplicate!r} twice; class names are distinct")
@@ -1240,7 +1262,7 @@ def _class_labels(labels: Column, classes: Sequence[str] | None) -> tuple[np.nda
             if outside.any():
                 row = int(np.argmax(outside))
                 raise DataError(
-                    f"{labels.where} row {row}: label {int(values[row])}, but {len(classes)} class names are "
+                    f"{labels.at(row)}: label {int(values[row])}, but {len(classes)} class names are "
                     f"given (integer labels index them: 0 .. {len(classes) - 1})"
                 )
             codes = values.astype(np.int64)
@@ -1248,14 +1270,14 @@ def _class_labels(labels: Column, classes: Sequence[str] | None) -> tuple[np.nda
         if classes is None:
             unique, codes = np.unique(values, return_inverse=True)
             classes = tuple(unique.tolist())
-            _check_written_once(classes, values, where=labels.where)
+            _check_written_once(classes, values, labels=labels)
         else:
             index = {name: k for k, name in enumerate(classes)}
             codes = np.empty(values.size, dtype=np.int64)
             for row, value in enumerate(values.tolist()):
                 if value not in index:
                     raise DataError(
-                        f"{labels.where} row {row}: label {value!r} is not among the class names given "
+                        f"{labels.at(row)}: label {value!r} is not among the class names given "
                         f"({', '.join(classes[:10])}{', ...' if len(classes) > 10 else ''})"
                     )
                 codes[row] = index[value]
@@ -1273,7 +1295,7 @@ def _class_labels(labels: Column, classes: Sequence[str] | None) -> tuple[np.nda
     return np.asarray(codes, dtype=np.int64).reshape(-1), tuple(classes)
 
 
-def _check_written_once(classes: Sequence[str], values: np.ndarray, *, where: str) -> None:
+def _check_written_once(classes: Sequence[str], values: np.ndarray, *, labels: Column) -> None:
     """A :class:`DataError` for two labels that differ only in surrounding whitespace or in Unicode form
     (``café`` composed and decomposed print alike): one class written two ways would be split in two."""
     seen: dict[str, str] = {}
@@ -1283,7 +1305,7 @@ def _check_written_once(classes: Sequence[str], values: np.ndarray, *, where: st
             first = seen[key]
             rows = [int(np.argmax(values == label)) for label in (first, name)]
             raise DataError(
-                f"{where} rows {rows[0]} and {rows[1]}: labels {first!a} and {name!a} differ only in "
+                f"{labels.at(*rows)}: labels {first!a} and {name!a} differ only in "
                 "surrounding whitespace or Unicode form, and would be two classes; write each class one "
                 "way (strip the labels, and normalise them to NFC)"
             )
@@ -1368,9 +1390,6 @@ def _split_codes(split: Column) -> np.ndarray:
     for row, value in enumerate(values):
         code = _SPLIT_ALIASES.get(value.strip().lower()) if isinstance(value, str) else None
         if code is None:
-            line = f"line {row + 1}" if isinstance(split.values, list) else f"row {row}"
-            raise DataError(
-                f"{split.where} {line}: split {value!r}; expected one of {', '.join(SPLIT_NAMES)}"
-            )
+            raise DataError(f"{split.at(row)}: split {value!r}; expected one of {', '.join(SPLIT_NAMES)}")
         codes[row] = code
     return codes

@@ -516,6 +516,19 @@ def test_fits_layout_takes_masked_matrices_and_refuses_a_number():
             client.predict_batch({"image": 1.0})
 
 
+def test_fits_layout_names_the_view_whose_matrix_is_wrong():
+    """A view of one feature (a plain numeric Parquet column, which fit reads as width 1) given as the
+    column it is, shape (N,), or views of different row counts, were refused without naming which view:
+    with many views, the user had to find it."""
+    with Client("http://127.0.0.1:1") as client:  # refused before anything is sent
+        with pytest.raises(
+            ValueError, match=r"view 'alcohol': shape \(4,\), not \(N, d\); a view of one feature"
+        ):
+            client.predict_batch({"acids": np.zeros((4, 7)), "alcohol": np.zeros(4)})
+        with pytest.raises(ValueError, match=r"views of different row counts: 'acids' 5, 'alcohol' 4"):
+            client.predict_batch({"acids": np.zeros((5, 7)), "alcohol": np.zeros((4, 1))})
+
+
 def test_a_client_shared_by_threads_answers_each_its_own(url):
     """As documented: one Client, many threads, each answer the one its own sample has alone."""
     rng = np.random.default_rng(1)

@@ -283,6 +283,32 @@ def test_a_label_or_split_file_is_named_by_a_plain_stem(option, stem, data, tmp_
     assert str(caught.value).startswith(f"{data}: {option} {stem!r} is not a file name")
 
 
+@pytest.mark.parametrize(("option", "name"), [("split_column", "fold.npy"), ("label_column", "kind.txt")])
+def test_a_label_or_split_file_named_with_its_extension_is_told_its_stem(option, name, data):
+    """The docs name these files by their stem alone; given the file's name, as a user first types it, the
+    error said only that no fold.npy.npy was there."""
+    np.save(data / "fold.npy", np.full(60, "train"))
+    (data / "labels.npy").rename(data / "kind.npy")
+    with pytest.raises(DataError) as caught:
+        load(data, **({"label_column": "kind"} | {option: name}))
+    stem = name.split(".")[0]
+    assert str(caught.value).endswith(f"--{option.replace('_', '-')} takes the file's stem alone: {stem}")
+
+
+def test_a_csv_file_is_refused_saying_what_fit_reads_and_how_to_get_there(tmp_path):
+    """A new user's first try is a CSV: the error read "not a format dataset files come in", and said
+    nothing of how to turn one into what fit reads."""
+    path = tmp_path / "data.csv"
+    path.write_text("label,a,b\ncat,1,2\n")
+    with pytest.raises(DataError) as caught:
+        load(path)
+    assert str(caught.value) == (
+        f"{path}: fit does not read .csv files, only a directory of .npy files (one per view), a .parquet "
+        "file, or a benchmark dataset's .mat file; write one of those from it (e.g. read it with pandas, "
+        "then np.save each view's columns as <view>.npy and the labels as labels.npy: docs/data/formats.md)"
+    )
+
+
 def test_a_view_file_in_another_case_is_refused_naming_it(data):
     (data / "lidar.NPY").write_bytes((data / "text.npy").read_bytes())
     with pytest.raises(DataError) as caught:
@@ -344,6 +370,37 @@ def test_a_class_named_twice_is_refused_naming_where(data):
     (data / "classes.txt").unlink()
     with pytest.raises(DataError, match=r"^--classes names 'cat' twice; class names are distinct$"):
         load(data, classes=["cat", "dog", "cat"])
+
+
+def test_a_label_of_labels_txt_is_named_by_its_line_as_an_editor_counts(data):
+    """The docs count the lines of a text file from 1, as an editor does: a message saying "row 1" sent a
+    user to the first line, one above the label at fault."""
+    labels = list(np.load(data / "labels.npy"))
+    labels[1] = "fox"
+    with_labels_txt(data, "\n".join(labels) + "\n")
+    with pytest.raises(
+        DataError, match=r"labels\.txt line 2: label 'fox' is not among the class names given"
+    ):
+        load(data, classes=sorted(set(labels) - {"fox"}))
+    (data / "labels.txt").write_text("0\n3\n" + "1\n" * 58)
+    with pytest.raises(DataError, match=r"labels\.txt line 2: label 3, but 3 class names are given"):
+        load(data, classes=["a", "b", "c"])
+    labels[1], labels[3] = "cafe\u0301", "caf\u00e9"  # decomposed and composed: they print alike
+    (data / "labels.txt").write_text("\n".join(labels) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"labels\.txt lines 2 and 4: labels 'cafe\\u0301' and 'caf\\xe9'"):
+        load(data)
+
+
+def test_no_class_name_given_is_said_to_be(data):
+    """`--classes ,` (or an empty classes.txt) named no class, and integer labels were refused as indexing
+    "0 class names (0 .. -1)"; as `--views ,` is, it is refused saying that it names none."""
+    np.save(data / "labels.npy", np.searchsorted(["cat", "dog", "eel"], np.load(data / "labels.npy")))
+    with pytest.raises(DataError, match=r"^--classes names no class \(it takes comma-separated class names"):
+        load(data, classes=[])
+    (data / "classes.txt").write_text("\n\n")
+    with pytest.raises(DataError) as caught:
+        load(data)
+    assert str(caught.value) == f"{data / 'classes.txt'}: no class name (one a line, in label order)"
 
 
 # -- a view that carries nothing -------------------------------------------------------------------------

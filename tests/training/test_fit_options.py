@@ -1,11 +1,20 @@
 """``python -m training fit``'s options in combination, as the card states them (black-box: a tiny fit, its
-card and manifest)."""
+card and manifest), and what it says where its dependencies are not installed."""
 
 from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 
 from tests.training.test_fit import QUICK, dataset, fit, read_manifest, write_npy
+from training.__main__ import TRAIN_EXTRA
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -52,3 +61,33 @@ def test_a_flag_whose_scores_tie_says_what_it_flags_where_it_was_fitted(tmp_path
     assert "set to flag 5.0% of the clean samples, flags 100.0% of them" in card
     assert "does not carry over" not in card
     assert "raised 100.0% of the 48 clean samples its threshold was fitted on" in card  # a warning
+
+
+@pytest.mark.parametrize("absent", ["torch", "scipy", "matplotlib", "onnx"])
+def test_fit_without_the_train_extra_says_how_to_install_it(absent, tmp_path):
+    """`make serve` installs the service's dependencies alone; the README's next line, `python -m training
+    fit`, then ended in a traceback (ModuleNotFoundError) instead of saying what to install. The module is
+    made absent as an uninstalled one is: no finder finds it. matplotlib and onnx, imported once the heads
+    were trained, are missed before training, not after."""
+    data = write_npy(tmp_path / "data", *dataset())
+    run = (
+        "import runpy, sys\n"
+        "class Absent:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.split('.')[0] == {absent!r}:\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Absent())\n"
+        f"sys.argv = ['training', 'fit', '--data', {str(data)!r}, '--out', {str(tmp_path / 'model')!r}]\n"
+        "runpy.run_module('training', run_name='__main__', alter_sys=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", run], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith(f"error: python -m training needs the `train` extra ({absent} is not ")
+    assert "pip install -c constraints.txt -e '.[train]'" in done.stderr and done.stderr.count("\n") == 1
+    assert not (tmp_path / "model").exists()
+
+
+def test_the_train_extra_named_in_that_error_is_pyprojects():
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["train"]
+    assert set(TRAIN_EXTRA) == {re.match(r"[A-Za-z0-9_.-]+", requirement)[0] for requirement in extra}
