@@ -267,12 +267,23 @@ def prediction_set(
     [0.1, 0.2, 0.3, 0.4]
     >>> prediction_set(np.array([[0.75, 0.25], [0.5, 0.5]]), scores, coverage=0.6).tolist()  # q = 0.3
     [[True, False], [False, False]]
+
+    APS and RAPS sets hold every class tied with one they hold (here q = 0.8 takes the first three):
+
+    >>> aps = calibration_scores(validation, np.array([0, 0, 1, 0]), score=APS)
+    >>> prediction_set(np.full((1, 4), 0.25), aps, coverage=0.6, score=APS).tolist()
+    [[True, True, True, True]]
     """
     q = conformal_quantile(scores_sorted, coverage=coverage)
     p = np.asarray(probability, dtype=np.float64)
     members = score.class_scores(p) <= q
     if score.kind != "lac":  # APS and RAPS always hold the label (see the module notes)
         members[np.arange(p.shape[0]), np.argmax(p, axis=1)] = True
+        # And every class as probable as one they hold: ranked among themselves by index, tied classes
+        # made a flat opinion's set its first classes by number (two of ten equally probable ones, for a
+        # sample fused from no view), which the model never said. A larger set keeps the guarantee.
+        lowest = np.where(members, p, np.inf).min(axis=1, keepdims=True)
+        members |= p >= lowest
     return members
 
 

@@ -118,7 +118,7 @@ def test_sets_grow_with_the_coverage_asked_for(p, scores, c1, c2, score):
 
 
 @given(probabilities(), sorted_scores(high=1.5), coverages, st.sampled_from(SCORES))
-def test_sets_hold_the_label_and_every_class_more_probable_than_a_member(p, scores, coverage, score):
+def test_sets_hold_the_label_and_every_class_as_probable_as_a_member(p, scores, coverage, score):
     if coverage > max_coverage(scores.size):
         return
     members = prediction_set(p, scores, coverage=coverage, score=score)
@@ -128,8 +128,19 @@ def test_sets_hold_the_label_and_every_class_more_probable_than_a_member(p, scor
         assert np.all(members[rows, label] | ~members.any(axis=1))
     else:  # APS and RAPS: never empty, always the label
         assert np.all(members[rows, label])
-    for i, j, k in np.argwhere(p[:, :, None] > p[:, None, :]):  # p_ij > p_ik
+    for i, j, k in np.argwhere(p[:, :, None] >= p[:, None, :]):  # p_ij >= p_ik
         assert members[i, j] or not members[i, k]
+
+
+@pytest.mark.parametrize("score", [APS, RAPS])
+def test_classes_equally_probable_are_all_in_a_set_or_all_out(score):
+    """APS and RAPS rank tied classes by index: a flat opinion (a sample fused from no view: uncertainty 1,
+    every class 1/K) got its first classes by number as its set, [0, 1] of ten equally probable ones, and a
+    sample torn between two classes got the one of the lower index. A set holds all of them, or none."""
+    scores = np.linspace(0.05, 0.95, 99)  # q = 0.5 at coverage 0.5
+    flat, torn = np.full((1, 10), 0.1), np.array([[0.05, 0.4, 0.4, 0.15]])
+    assert prediction_set(flat, scores, coverage=0.5, score=score).tolist() == [[True] * 10]
+    assert prediction_set(torn, scores, coverage=0.5, score=score).tolist() == [[False, True, True, False]]
 
 
 @given(probabilities(), st.data(), sorted_scores(high=1.5), coverages, st.sampled_from(SCORES))
