@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 
 
@@ -10,16 +11,21 @@ def _exit_cleanly(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
+def _exit_while_importing(signum: int, frame: object) -> None:
+    # Nothing is open or written yet. An exception raised here, within an extension module's own
+    # initialisation (onnxruntime's), became its ImportError: a traceback and exit 1 (a test saw it once).
+    os._exit(0)
+
+
 if __name__ == "__main__":
     # Before the imports below (a second or more): PID 1 in a container gets no signal it has no handler
     # for, so a `docker stop` (or a pod deleted) while they ran was dropped, and the process killed after
-    # the whole stop timeout. main() sets it again, and uvicorn takes over while it serves.
-    signal.signal(signal.SIGTERM, _exit_cleanly)
+    # the whole stop timeout. main() hands SIGTERM to _exit_cleanly, and uvicorn takes over while it serves.
+    signal.signal(signal.SIGTERM, _exit_while_importing)
 
 import argparse
 import atexit
 import ipaddress
-import os
 import shutil
 import sys
 import tempfile
@@ -35,6 +41,7 @@ from service.settings import Settings, available_cores, session_threads, unknown
 
 
 def main(argv: list[str] | None = None) -> None:
+    signal.signal(signal.SIGTERM, _exit_cleanly)  # imports done: an orderly exit from here on
     defaults = _settings()
     args = _arguments(argv, defaults)
     _warn(args, defaults)

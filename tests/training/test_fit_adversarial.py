@@ -393,6 +393,9 @@ SIGNALLED_WHILE_WRITING = """
         os.kill(os.getpid(), signal.{signal})  # handled before this function returns
 
     training.fit.write_card = signalled
+    # Ctrl-C as in a terminal: a process started in the background without job control inherits SIGINT
+    # ignored (a CI runner's, `cmd &` in a script), and Python then installs no handler of its own.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.exit(main(sys.argv[1:]))
 """
 
