@@ -34,7 +34,9 @@ import contextlib
 import os
 import re
 import stat
+import struct
 import unicodedata
+import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -814,6 +816,7 @@ def read_registered(name: str | DatasetSpec, data_dir: str | os.PathLike[str]) -
     path = data_dir / spec.file_name
     if not path.is_file():
         raise FileNotFoundError(f"{spec.name} data not found at {path}: {_fetch_hint(spec, data_dir)}")
+    _check_mat_room(path)
     try:
         contents = scipy.io.loadmat(str(path))
     except NotImplementedError:  # scipy reads MATLAB's formats up to 7; 7.3 is HDF5
@@ -872,6 +875,71 @@ def read_registered(name: str | DatasetSpec, data_dir: str | os.PathLike[str]) -
     )
 
 
+_MAT5_COMPRESSED = 15
+"""MATLAB 5's ``miCOMPRESSED`` data type: an element that is a zlib stream of another."""
+
+
+def _mat_expanded_bytes(path: Path, *, limit: int) -> int:
+    """What a MATLAB 5 file's elements take once decompressed, counted up to a little past ``limit``.
+
+    scipy's reader decompresses an element into memory whole, so a file of megabytes of compressed zeros
+    holds gigabytes (1.6 GB from 1.5 MB): each stream is inflated here a few megabytes at a time and
+    thrown away. A file that is not MATLAB 5 (version 4 has no compression) counts its size on disk.
+    """
+    with path.open("rb") as stream:
+        header = stream.read(128)
+        if len(header) < 128 or header[126:128] not in (b"IM", b"MI"):
+            return path.stat().st_size
+        byte_order = "<" if header[126:128] == b"IM" else ">"
+        total = 0
+        while total <= limit and len(tag := stream.read(8)) == 8:
+            data_type, size = struct.unpack(byte_order + "II", tag)
+            if data_type >> 16:  # a small element: type, size and up to four bytes of data in 8 bytes
+                total += 8
+            elif data_type == _MAT5_COMPRESSED:
+                total += _inflated_bytes(stream, size, limit=limit - total)
+            else:
+                total += size
+                stream.seek(size + -size % 8, os.SEEK_CUR)
+        return total
+
+
+def _inflated_bytes(stream, size: int, *, limit: int) -> int:
+    """The bytes the next ``size`` bytes of ``stream``, a zlib stream, inflate to: counted up to a little
+    past ``limit``, holding a few megabytes at a time."""
+    inflater = zlib.decompressobj()
+    inflated = 0
+    while size > 0 and inflated <= limit:
+        compressed = stream.read(min(size, _CHUNK_BYTES))
+        if not compressed:
+            break
+        size -= len(compressed)
+        while compressed and inflated <= limit:
+            try:
+                inflated += len(inflater.decompress(compressed, _CHUNK_BYTES))
+            except zlib.error:  # scipy's reader words what is wrong with the stream
+                return inflated
+            compressed = inflater.unconsumed_tail
+    return inflated
+
+
+def _check_mat_room(path: Path) -> None:
+    """A :class:`DataError` where the ``.mat`` file at ``path`` decompresses to more than a fit of it
+    could hold, before scipy's reader holds it all."""
+    memory = available_memory()
+    if memory is None:
+        return
+    limit = int(memory / FIT_BYTES_PER_DATA_BYTE)
+    expanded = _mat_expanded_bytes(path, limit=limit)
+    if expanded > limit:
+        _check_room(
+            expanded,
+            where=str(path),
+            what=f"its variables decompress to more than {limit / 2**30:,.1f} GiB",
+            instead="fetch the benchmark's file again, or check where this one came from",
+        )
+
+
 def _fetch_hint(spec: DatasetSpec, data_dir: Path) -> str:
     if spec.downloadable:
         return "fetch it with `" + DOWNLOAD_COMMAND.format(data_dir=data_dir) + "`"
@@ -884,7 +952,17 @@ def _samples_by_features(
     """One stored view as a float32 ``(N, d)`` matrix, transposing a ``d x N`` one."""
     import scipy.sparse
 
-    # Some multi-view .mat collections store sparse views; densify them rather than reject the file.
+    # Some multi-view .mat collections store sparse views; densify them rather than reject the file, where
+    # the dense matrix fits: a sparse matrix of a few kilobytes can declare terabytes.
+    if scipy.sparse.issparse(matrix):
+        rows, columns = matrix.shape
+        dense = rows * columns * 8
+        _check_room(
+            dense,
+            where=f"{path} view {view!r}",
+            what=f"a sparse matrix of {rows:,} x {columns:,} makes {dense / 2**30:,.1f} GiB dense",
+            instead="fetch the benchmark's file again, or check where this one came from",
+        )
     array = matrix.toarray() if scipy.sparse.issparse(matrix) else np.asarray(matrix)
     if array.ndim != 2:
         raise DataError(f"{path}: view {view!r} is not a matrix (shape {array.shape})")

@@ -9,21 +9,26 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import textwrap
+import zlib
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import scipy.io
+import scipy.sparse
 import torch
 
 from manifest import Manifest
 from tests.training.test_fit import QUICK, _snapshot, dataset, fit, list_column, read_manifest, write_npy
 from tests.training.test_fit_safety import refused
 from training import export as exporting
+from training import readers
 from training.__main__ import main
 from training.data import DataError
 from training.heads import EvidentialHeads
@@ -95,6 +100,79 @@ def test_a_labels_file_larger_than_a_fit_could_hold_is_refused_before_it_is_read
     error = refused(capsys, "--data", data, "--out", tmp_path / "model")
     assert error.startswith(f"error: {data / name}: ")
     assert "a fit holds about 1.6 times its data: more than the " in error
+
+
+# -- a benchmark .mat file that decompresses to far more than it is ----------------------------------------
+
+
+def _mat5_element(data_type: int, payload: bytes) -> bytes:
+    return struct.pack("<II", data_type, len(payload)) + payload + bytes(-len(payload) % 8)
+
+
+def mat_of_zeros(path: Path, rows: int, columns: int) -> Path:
+    """A MATLAB 5 file whose cell ``X`` holds one ``rows x columns`` double matrix of zeros, compressed: the
+    file is about a thousandth of the matrix."""
+    matrix_head = b"".join(
+        (
+            _mat5_element(6, struct.pack("<II", 6, 0)),  # miUINT32 array flags: mxDOUBLE_CLASS
+            _mat5_element(5, struct.pack("<ii", rows, columns)),  # miINT32 dimensions
+            _mat5_element(1, b""),  # miINT8 name: none inside a cell
+        )
+    )
+    data_bytes = rows * columns * 8
+    matrix_bytes = len(matrix_head) + 8 + data_bytes
+    cell_head = b"".join(
+        (
+            _mat5_element(6, struct.pack("<II", 1, 0)),  # mxCELL_CLASS
+            _mat5_element(5, struct.pack("<ii", 1, 1)),
+            _mat5_element(1, b"X"),
+        )
+    )
+    deflater = zlib.compressobj(9)
+    stream = [deflater.compress(struct.pack("<II", 14, len(cell_head) + 8 + matrix_bytes) + cell_head)]
+    stream.append(deflater.compress(struct.pack("<II", 14, matrix_bytes) + matrix_head))
+    stream.append(deflater.compress(struct.pack("<II", 9, data_bytes)))  # miDOUBLE
+    zeros = bytes(1 << 20)
+    for start in range(0, data_bytes, len(zeros)):
+        stream.append(deflater.compress(zeros[: data_bytes - start]))
+    stream.append(deflater.flush())
+    body = b"".join(stream)
+    header = b"MATLAB 5.0 MAT-file".ljust(116) + bytes(8) + struct.pack("<H", 0x0100) + b"IM"
+    path.write_bytes(header + struct.pack("<II", 15, len(body)) + body)  # miCOMPRESSED
+    return path
+
+
+def test_a_mat_file_decompressing_beyond_memory_is_refused_before_it_is_read(tmp_path, capsys, monkeypatch):
+    # 256 MB of zeros in a file of 250 KB; scipy's reader inflates a variable whole (1.6 GB from 1.5 MB
+    # held 1.9 GB), so what a fit could not hold is refused from a count of its inflated bytes.
+    path = mat_of_zeros(tmp_path / "handwritten.mat", 2000, 16_000)
+    assert path.stat().st_size < 300_000
+    monkeypatch.setattr(readers, "available_memory", lambda: 200 * 2**20)
+
+    def read(*args, **kwargs):
+        raise AssertionError("scipy read the file")
+
+    monkeypatch.setattr(scipy.io, "loadmat", read)
+    error = refused(capsys, "--data", path, "--out", tmp_path / "model")
+    assert error.startswith(f"error: {path}: its variables decompress to more than 0.1 GiB")
+
+
+def test_a_mat_file_within_memory_is_read_after_its_count(tmp_path):
+    mat_of_zeros(tmp_path / "handwritten.mat", 2000, 10)
+    with pytest.raises(DataError, match=r"handwritten\.mat lacks variable\(s\) \['Y'\]; it has \['X'\]"):
+        load("handwritten", tmp_path)
+
+
+def test_a_sparse_view_declaring_more_than_memory_is_refused_before_it_is_made_dense(tmp_path, capsys):
+    # Kilobytes on disk (a sparse matrix stores its non-zeros), 960 GB dense: toarray() was a MemoryError.
+    labels = np.arange(1, 61) % 10 + 1
+    views = np.empty((1, 2), dtype=object)
+    views[0, 0] = scipy.sparse.csc_matrix(([1.0], ([0], [0])), shape=(2 * 10**9, labels.size))
+    views[0, 1] = np.ones((labels.size, 3))
+    path = tmp_path / "cub_googlenet_doc2vec_c10.mat"
+    scipy.io.savemat(path, {"X": views, "gt": labels.reshape(-1, 1)})
+    error = refused(capsys, "--data", path, "--out", tmp_path / "model")
+    assert error.startswith(f"error: {path} view 'image': a sparse matrix of 2,000,000,000 x 60 makes ")
 
 
 # -- Parquet that decompresses to far more than it is --------------------------------------------------------
