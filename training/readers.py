@@ -8,7 +8,8 @@ count from 1), raised before anything is trained or written.
     ``<view>.npy`` per view, shape ``(N, d)``, any integer, floating or bool dtype (bool as 0 and 1); labels
     in ``labels.npy`` (``(N,)`` integers or strings) or ``labels.txt`` (one per line); optional
     ``classes.txt`` (class names in label order). Every other ``.npy`` file is a view, named by its file name;
-    a file ending in ``.NPY`` (any other case) is refused rather than left out unseen. Each is a regular file
+    a file ending in ``.NPY`` (any other case) is refused rather than left out unseen, and so is a NumPy
+    archive (``.npz``) unless ``views`` names the views. Each is a regular file
     (a symbolic link only to a file inside the directory), and a ``.npy`` file of Python objects is refused:
     loading it would unpickle it, which can run code. The label and split files are named by a plain file
     stem, never a path.
@@ -301,6 +302,13 @@ def read_npy_directory(
         raise DataError(
             f"{directory / miscased[0]}: fit reads files ending in .npy, in lower case; rename it "
             f"{Path(miscased[0]).stem}.npy (or move it out of the directory)"
+        )
+    archives = sorted(p.name for p in directory.glob("*") if p.suffix.lower() == ".npz")
+    if archives and views is None:  # np.savez's views, else left out without a word
+        raise DataError(
+            f"{directory / archives[0]}: a NumPy archive (np.savez), which fit does not read; save each of "
+            "its arrays as <view>.npy (np.load it, then np.save each), or move it out of the directory, or "
+            "name the views to fit with --views"
         )
     reserved = {label_column, *([split_column] if split_column else [])}
     labels = _text_or_npy(directory, label_column, role="labels")
