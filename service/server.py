@@ -74,6 +74,7 @@ from uvicorn.supervisors import Multiprocess
 from uvicorn.supervisors.multiprocess import Process
 
 from service import metrics
+from service.api.body import BODY_REFUSED
 from service.api.direct import DirectRoutes
 from service.api.errors import error_body, error_response
 from service.api.routes import DIRECT
@@ -462,6 +463,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         rest of the body, and a refusal in turn after its answer waited with it, for the body timeout (408
         after 30 s, the connection held). The app is told its client is gone; an answer it has begun
         cannot be replaced, so that connection is only closed."""
+        self.cycle.scope[BODY_REFUSED] = True  # answered and counted here, not as a client gone
         self.cycle.disconnected = True
         self.cycle.message_event.set()
         if self.cycle.response_started:

@@ -30,6 +30,14 @@ _MOST_PIECE_BYTES = 1 << 20
 # A body may take this long before its average rate counts (a client's warm-up, a pause on a slow link).
 _RATE_GRACE_SECONDS = 10.0
 
+BODY_REFUSED = "dbf.body_refused"
+"""The request scope's key the server sets where it refused a body itself, mid-way (a malformed chunk): it
+has answered and counted that refusal, and tells the app its client is gone."""
+
+
+class BodyRefusedByServer(ClientDisconnect):
+    """The body will not come: the server refused it and answered (:data:`BODY_REFUSED`)."""
+
 
 class Received:
     """``async with Received(request, plane) as body``: the whole body (decompressed), its bytes held in the
@@ -105,7 +113,7 @@ class Received:
                 while more:
                     message = await request.receive()
                     if message["type"] == "http.disconnect":
-                        raise ClientDisconnect()
+                        raise BodyRefusedByServer() if BODY_REFUSED in request.scope else ClientDisconnect()
                     chunk, more = message.get("body", b""), message.get("more_body", False)
                     size += len(chunk)
                     if size > limit:

@@ -14,6 +14,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from service import metrics
+from service.api.body import BodyRefusedByServer
 from service.errors import ServiceError
 
 log = logging.getLogger("dbf.errors")
@@ -48,6 +49,8 @@ def answer(path: str, error: Exception) -> Response:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first.get("loc", ()))
         return error_response(path, 400, "invalid_input", f"{where}: {first.get('msg', 'invalid')}")
+    if isinstance(error, BodyRefusedByServer):
+        return Response(status_code=400)  # nobody reads it: the server answered and counted its refusal
     if isinstance(error, ClientDisconnect):
         # The client left before sending its whole body: nobody reads this answer (499, as nginx logs it),
         # but it is counted, and it is no bug of ours.

@@ -40,6 +40,7 @@ from tests.service.conftest import (
     serving,
 )
 from tests.service.test_hardening import HANDWRITTEN, MODELS, random_samples
+from tests.service.test_service import metric
 
 
 def error_of(answer: bytes) -> tuple[int, dict[str, str], dict]:
@@ -415,12 +416,14 @@ def test_requests_pipelined_before_a_malformed_one_are_answered_first():
 def test_a_malformed_chunk_is_refused_at_once_with_a_400():
     """A chunked body whose chunk size is not hexadecimal: the parser fails mid-body, and the refusal waited
     for the answer to the request it belonged to, whose app waited for the rest of that body: a 408 after
-    the body timeout, the connection held meanwhile (found by a probe). Refused when it arrives."""
+    the body timeout, the connection held meanwhile (found by a probe). Refused when it arrives, and
+    counted once, as what it is: the app, told the body will not come, also counted a client gone."""
     head = (
         b"POST /v1/models/handwritten/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         b"Transfer-Encoding: chunked\r\n\r\n"
     )
     with running_service("--model-dir", HANDWRITTEN, env={"DBF_BODY_TIMEOUT_SECONDS": "600"}) as url:
+        before = {reason: metric(url, "dbf_errors_total", reason=reason) for reason in COUNTED_AS}
         for body in (b"zz\r\n", b"1\r\n{\r\nzz\r\n"):
             with socket.create_connection(address(url), timeout=60) as conn:
                 conn.sendall(head + body)
@@ -428,6 +431,13 @@ def test_a_malformed_chunk_is_refused_at_once_with_a_400():
             assert (status, error["type"], headers["connection"]) == (400, "malformed_request", "close"), body
             assert "chunk size" in error["message"], error
         assert httpx.get(url + "/health").status_code == 200
+        counted = {
+            reason: metric(url, "dbf_errors_total", reason=reason) - before[reason] for reason in COUNTED_AS
+        }
+        assert counted == {"malformed_request": 2, "client_disconnected": 0}
+
+
+COUNTED_AS = ("malformed_request", "client_disconnected")
 
 
 def test_only_an_http_1_1_client_expecting_100_continue_gets_a_100():
