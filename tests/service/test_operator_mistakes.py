@@ -591,3 +591,31 @@ def test_a_manifest_larger_than_any_model_has_is_refused_unread(tmp_path):
         out.write(b'{"views": [' + b" " * MAX_MANIFEST_BYTES + b"]}")
     with pytest.raises(ModelLoadError, match=f"{manifest}: manifest of more than 16,777,216 bytes"):
         read_manifest(manifest)
+
+
+def set_class_name_of_a_megabyte(m: dict) -> None:
+    m["classes"][3] = "3" * 1_000_000
+
+
+def set_model_name_of_a_megabyte(m: dict) -> None:
+    m["name"] = "n" * 1_000_000
+
+
+LONG_NAMES = {
+    # Before, it loaded: every answer carried the name once per sample, so a 60 kB request of 200 samples
+    # of scene15 (class names of a megabyte) was answered 200 MB, and one of 1024 samples would be 1 GB,
+    # none of which DBF_MAX_ANSWER_VALUES counts.
+    "class name": (set_class_name_of_a_megabyte, "classes.3\n  String should have at most 1024 characters"),
+    # Before, it loaded, under a name no URL can carry (past the 32 KiB request line): unreachable.
+    "model name": (set_model_name_of_a_megabyte, "name\n  String should have at most 250 characters"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LONG_NAMES))
+def test_a_name_longer_than_an_answer_or_a_url_takes_stops_the_service(tmp_path, case):
+    change, message = LONG_NAMES[case]
+    shutil.copytree(MODELS / "handwritten", tmp_path / "handwritten")
+    file = with_manifest(tmp_path / "handwritten", change)
+    done = start_and_fail("--model-dir", str(tmp_path / "handwritten"))
+    assert done.returncode != 0
+    assert f"{file}: invalid manifest" in done.stderr and message in done.stderr, done.stderr[-2000:]
