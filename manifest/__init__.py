@@ -25,6 +25,14 @@ SCHEMA_VERSION = 2
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 """What a model's or a view's name may be: it travels in URLs and JSON keys."""
 
+MAX_NAME_LENGTH = 250
+"""The longest model, view or version name, in characters: a view's is its file's, ``<view>.onnx``, at most
+255 bytes, and each travels in URLs (a name of a megabyte loaded, and no request could reach the model)."""
+
+MAX_CLASS_NAME_LENGTH = 1024
+"""The longest class name, in characters: every answer carries it once per sample, outside the numbers
+``DBF_MAX_ANSWER_VALUES`` bounds (class names of a megabyte made a 60 kB request's answer 200 MB)."""
+
 MAX_VIEW_DIM = 65536
 """The widest view the service serves unless ``DBF_MAX_VIEW_DIM`` says otherwise (a request that leaves a
 view out has it sent to its head as zeros: samples x dim of them); ``fit`` refuses wider ones alike."""
@@ -40,7 +48,9 @@ class ViewEntry(_Strict):
     """One view's head: its ONNX file maps raw features ``(N, dim)`` float32 to evidence ``(N, K)``."""
 
     name: str = Field(
-        pattern=NAME_PATTERN, description="the view's name, the key clients send its features under"
+        pattern=NAME_PATTERN,
+        max_length=MAX_NAME_LENGTH,
+        description="the view's name, the key clients send its features under",
     )
     dim: int = Field(ge=1, description="feature dimension (the service takes at most DBF_MAX_VIEW_DIM)")
     file: str = Field(
@@ -286,14 +296,17 @@ class Manifest(_Strict):
     schema_version: Literal[1, 2] = Field(
         default=SCHEMA_VERSION, description="2 with a calibration section, 1 without (older models)"
     )
-    name: str = Field(pattern=NAME_PATTERN)
+    name: str = Field(pattern=NAME_PATTERN, max_length=MAX_NAME_LENGTH)
     version: str = Field(
         default="1",
         pattern=NAME_PATTERN,
+        max_length=MAX_NAME_LENGTH,
         description="the model's version, as the Open Inference Protocol's model routes and metadata name it",
     )
     dataset: str
-    classes: list[str] = Field(min_length=2, description="class names in label order")
+    classes: list[Annotated[str, Field(max_length=MAX_CLASS_NAME_LENGTH)]] = Field(
+        min_length=2, description="class names in label order"
+    )
     views: list[ViewEntry] = Field(min_length=1, description="in the order the conflict matrix uses")
     fusion: FusionDefaults
     conflict_flag: ConflictFlag
@@ -378,6 +391,8 @@ def json_schema_text() -> str:
 
 __all__ = [
     "SCHEMA_VERSION",
+    "MAX_CLASS_NAME_LENGTH",
+    "MAX_NAME_LENGTH",
     "NAME_PATTERN",
     "Calibration",
     "CalibrationFigures",

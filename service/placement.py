@@ -196,6 +196,9 @@ class BoundHead:
         self.widths = [
             output.shape[1] if len(output.shape) == 2 else None for output in session.get_outputs()
         ]
+        # Each output bound as the type it is: a head may give float64 or float16 evidence (the runtime casts
+        # it), and one bound to a float32 buffer failed every run.
+        self.types = [OUTPUT_TYPES.get(output.type, np.float32) for output in session.get_outputs()]
         self._local = threading.local()
 
     def run(self, features: np.ndarray) -> list[np.ndarray]:
@@ -207,7 +210,7 @@ class BoundHead:
         answers = []
         for name, buffer in zip(self.outputs, buffers.outputs, strict=True):
             answer = buffer[:n]
-            binding.bind_output(name, "cpu", 0, np.float32, answer.shape, answer.ctypes.data)
+            binding.bind_output(name, "cpu", 0, answer.dtype.type, answer.shape, answer.ctypes.data)
             answers.append(answer)
         binding.synchronize_inputs()  # the copy to the device is done before the graph reads it
         self.session.run_with_iobinding(binding)
@@ -222,12 +225,33 @@ class BoundHead:
                 binding=self.session.io_binding() if buffers is None else buffers.binding,
                 input=self.allocate((rows, self.dim)),
                 outputs=[
-                    self.allocate((rows,) if width is None else (rows, width))
-                    for width in self.widths[: len(self.outputs)]
+                    self._output_buffer((rows,) if width is None else (rows, width), kind)
+                    for width, kind in list(zip(self.widths, self.types, strict=True))[: len(self.outputs)]
                 ],
             )
             self._local.buffers = buffers
         return buffers
+
+    def _output_buffer(self, shape: tuple[int, ...], kind: type) -> np.ndarray:
+        # ``allocate`` gives float32 buffers (page-locked where it can); an output of another type, its own.
+        return self.allocate(shape) if kind is np.float32 else np.empty(shape, dtype=kind)
+
+
+OUTPUT_TYPES = {
+    "tensor(float)": np.float32,
+    "tensor(double)": np.float64,
+    "tensor(float16)": np.float16,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(int16)": np.int16,
+    "tensor(int8)": np.int8,
+    "tensor(uint64)": np.uint64,
+    "tensor(uint32)": np.uint32,
+    "tensor(uint16)": np.uint16,
+    "tensor(uint8)": np.uint8,
+    "tensor(bool)": np.bool_,
+}
+"""The numpy type of each numeric output type a head may give (the load's probe refuses the others)."""
 
 
 @dataclass

@@ -706,8 +706,51 @@ def _check_probe(
     try:
         for n in PROBE_BATCHES:
             _check_probe_batch(session, file, np.zeros((n, dim), dtype=np.float32), classes, outputs, options)
+        _check_rows_apart(session, file, dim, outputs, options)
     finally:
         timer.cancel()
+
+
+def _check_rows_apart(
+    session: onnxruntime.InferenceSession,
+    file: Path,
+    dim: int,
+    outputs: list[str],
+    options: onnxruntime.RunOptions,
+) -> None:
+    """Refuse a head whose answer for a sample depends on the other samples of its batch (a mean over the
+    batch, a batch norm exported in training mode): requests are batched together, so one client's answer
+    changed with another's features (label 0 alone, 13 beside another sample), answered 200. Rows of
+    zeros, of ones and of a ramp, run together and each alone, must agree (to float32's rounding across
+    batch sizes); what the head gives for them is not judged, only that it is the same."""
+    rows = np.stack([np.zeros(dim), np.ones(dim), np.linspace(-1, 1, dim)]).astype(np.float32)
+    try:
+        together = session.run(outputs, {"features": rows}, options)
+        alone = [session.run(outputs, {"features": row[None]}, options) for row in rows]
+    except Exception:  # onnxruntime raises its own types; a head that fails on such features is the runtime's
+        if options.terminate:
+            raise ModelLoadError(
+                f"{file}: a probe batch did not finish within {PROBE_SECONDS:g} s: a graph that loops, or "
+                "computes far more than a head does"
+            ) from None
+        return
+    for i, answers in enumerate(alone):
+        for name, batched, single in zip(outputs, together, answers, strict=True):
+            with np.errstate(invalid="ignore", over="ignore"):
+                same = np.allclose(
+                    np.asarray(batched[i], np.float64),
+                    np.asarray(single[0], np.float64),
+                    rtol=1e-3,
+                    atol=1e-6,
+                    equal_nan=True,
+                )
+            if not same:
+                raise ModelLoadError(
+                    f"{file}: gives sample {i} of a probe batch of 3 another {name} than alone "
+                    f"({np.ravel(batched[i])[:4].tolist()} against {np.ravel(single[0])[:4].tolist()}): a "
+                    "head's answer for a sample must not depend on the other samples of its batch (a mean "
+                    "or a batch norm over the batch axis; export in eval mode)"
+                )
 
 
 def _check_probe_batch(

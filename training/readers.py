@@ -45,7 +45,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from manifest import MAX_VIEW_DIM, NAME_PATTERN
+from manifest import MAX_CLASS_NAME_LENGTH, MAX_VIEW_DIM, NAME_PATTERN
 from training.data import SPLIT_NAMES, DataError, MultiViewData
 from training.download import DOWNLOAD_COMMAND
 from training.registry import DATASETS, DatasetSpec, dataset_spec
@@ -1367,6 +1367,13 @@ def _class_labels(labels: Column, classes: Sequence[str] | None) -> tuple[np.nda
                         f"({', '.join(classes[:10])}{', ...' if len(classes) > 10 else ''})"
                     )
                 codes[row] = index[value]
+    longest = max(classes, key=len)
+    # Found out when the model is written (its manifest refuses it), it would cost the training.
+    if len(longest) > MAX_CLASS_NAME_LENGTH:
+        raise DataError(
+            f"{labels.where}: class {longest[:40]!r}... is {len(longest):,} characters long; a class name is "
+            f"at most {MAX_CLASS_NAME_LENGTH:,} (every answer carries it): labels are class names, not texts"
+        )
     unused = np.flatnonzero(np.bincount(codes, minlength=len(classes)) == 0)
     if unused.size:  # else refused later as a class of 0 samples, not naming the list that holds it
         more = f" (and {unused.size - 1} more)" if unused.size > 1 else ""

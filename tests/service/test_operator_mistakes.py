@@ -228,6 +228,21 @@ def with_manifest(model: Path, change) -> Path:
     return model / "manifest.json"
 
 
+def batch_mean_head(dim: int, classes: int = 10) -> bytes:
+    """A head that centres its features on their mean over the batch before exp(features @ w): each sample's
+    evidence depends on the other samples of its batch (rows of zeros alone do not show it)."""
+    weights = helper.make_tensor(
+        "w", TensorProto.FLOAT, [dim, classes], [0.1 * k for k in range(dim * classes)]
+    )
+    nodes = [
+        helper.make_node("ReduceMean", ["features"], ["mean"], axes=[0], keepdims=1),
+        helper.make_node("Sub", ["features", "mean"], ["centred"]),
+        helper.make_node("MatMul", ["centred", "w"], ["z"]),
+        helper.make_node("Exp", ["z"], ["evidence"]),
+    ]
+    return onnx_head(nodes, [weights], dim=dim, classes=classes)
+
+
 def set_lambda_infinite(m: dict) -> None:
     m["fusion"]["lambda"] = float("inf")
 
@@ -281,6 +296,12 @@ BAD_HEADS = {  # the HandWritten view 'mor' (dim 6, 10 classes)
     "one row for 3 samples": (
         one_row_head(6, rows_up_to=2),
         "gives evidence of shape (1, 10) for 3 samples; manifest says (3, 10)",
+    ),
+    # Before, it loaded, and requests batched together changed each other's answers (scene15, one sample
+    # alone: label 0, uncertainty 0.5; beside another: label 13, uncertainty 0.29), answered 200.
+    "evidence that depends on the batch": (
+        batch_mean_head(6),
+        "gives sample 0 of a probe batch of 3 another evidence than alone",
     ),
     "negative range excess": (
         any_dim_head(6, excess=-1.0),
@@ -591,3 +612,31 @@ def test_a_manifest_larger_than_any_model_has_is_refused_unread(tmp_path):
         out.write(b'{"views": [' + b" " * MAX_MANIFEST_BYTES + b"]}")
     with pytest.raises(ModelLoadError, match=f"{manifest}: manifest of more than 16,777,216 bytes"):
         read_manifest(manifest)
+
+
+def set_class_name_of_a_megabyte(m: dict) -> None:
+    m["classes"][3] = "3" * 1_000_000
+
+
+def set_model_name_of_a_megabyte(m: dict) -> None:
+    m["name"] = "n" * 1_000_000
+
+
+LONG_NAMES = {
+    # Before, it loaded: every answer carried the name once per sample, so a 60 kB request of 200 samples
+    # of scene15 (class names of a megabyte) was answered 200 MB, and one of 1024 samples would be 1 GB,
+    # none of which DBF_MAX_ANSWER_VALUES counts.
+    "class name": (set_class_name_of_a_megabyte, "classes.3\n  String should have at most 1024 characters"),
+    # Before, it loaded, under a name no URL can carry (past the 32 KiB request line): unreachable.
+    "model name": (set_model_name_of_a_megabyte, "name\n  String should have at most 250 characters"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LONG_NAMES))
+def test_a_name_longer_than_an_answer_or_a_url_takes_stops_the_service(tmp_path, case):
+    change, message = LONG_NAMES[case]
+    shutil.copytree(MODELS / "handwritten", tmp_path / "handwritten")
+    file = with_manifest(tmp_path / "handwritten", change)
+    done = start_and_fail("--model-dir", str(tmp_path / "handwritten"))
+    assert done.returncode != 0
+    assert f"{file}: invalid manifest" in done.stderr and message in done.stderr, done.stderr[-2000:]

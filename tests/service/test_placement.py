@@ -330,3 +330,45 @@ def test_page_locked_buffers_that_cannot_be_had_leave_ordinary_ones(monkeypatch,
     assert "page-locked host buffers unavailable" in caplog.text
     monkeypatch.setattr(onnxruntime, "get_ep_devices", lambda: [])  # no CUDA device listed
     assert page_locked_allocator() is None
+
+
+@pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider':UserWarning")
+@pytest.mark.parametrize("evidence_type", ["DOUBLE", "FLOAT16", "INT64"])
+def test_a_head_whose_evidence_is_not_float32_runs_bound_as_it_does_on_the_cpu(
+    monkeypatch, tmp_path, evidence_type
+):
+    """A head may give its evidence in another numeric type (the runtime casts it to float32): it loads and
+    serves on the CPU. Bound on CUDA (faked: onnxruntime runs the session on the CPU), its output was bound to
+    a float32 buffer, and every run failed ("Unexpected output data type"): with DBF_DEVICE=cuda, every
+    request sending the view was a 500; with auto, the load's timing raised."""
+    onnx = pytest.importorskip("onnx")
+    helper, numpy_helper, TensorProto = onnx.helper, onnx.numpy_helper, onnx.TensorProto
+    evidence_type = getattr(TensorProto, evidence_type)
+    monkeypatch.setattr(repository, "_cuda_usable", lambda probe, settings: True)
+    shutil.copytree(MODELS / "scene15", tmp_path / "scene15")
+    weights = numpy_helper.from_array(np.full((20, 15), 0.05, dtype=np.float32), "w")
+    nodes = [
+        helper.make_node("MatMul", ["features", "w"], ["z"]),
+        helper.make_node("Exp", ["z"], ["positive"]),
+        helper.make_node("Cast", ["positive"], ["evidence"], to=evidence_type),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "head",
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["N", 20])],
+        [helper.make_tensor_value_info("evidence", evidence_type, ["N", 15])],
+        initializer=[weights],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    with_head(tmp_path / "scene15", "gist", model.SerializeToString())
+    answers = {}
+    for device in ("cuda", "cpu"):
+        loaded = load_repository(Settings(model_dir=tmp_path / "scene15", device=device)).get()
+        assert isinstance(
+            loaded.heads[{"cuda": CUDA, "cpu": CPU}[device]]["gist"],
+            BoundHead if device == "cuda" else SessionHead,
+        )
+        answers[device] = runtime.predict(loaded, features_of(loaded, 3))
+    np.testing.assert_array_equal(answers["cuda"].view_belief, answers["cpu"].view_belief)
+    np.testing.assert_array_equal(answers["cuda"].probability, answers["cpu"].probability)

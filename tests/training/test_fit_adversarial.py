@@ -581,3 +581,13 @@ def test_experiment_without_its_data_says_how_to_fetch_it(tmp_path, capsys):
     printed = capsys.readouterr().err
     assert printed.startswith(f"error: pie data not found at {tmp_path / 'PIE_face_10.mat'}")
     assert "python -m training download" in printed and "Traceback" not in printed
+
+
+def test_a_class_name_longer_than_a_manifest_takes_is_refused_before_training(tmp_path, capsys):
+    """A label of 2,000 characters: the manifest refuses class names over 1,024 (every answer carries one per
+    sample), so fit, finding out only as it wrote the model, lost the training."""
+    views, labels = dataset()
+    long = "x" * 2000
+    data = write_npy(tmp_path / "data", views, np.where(labels == labels[0], long, labels))
+    error = refused(capsys, "--data", data, "--out", tmp_path / "model")
+    assert "is 2,000 characters long; a class name is at most 1,024" in error
