@@ -143,6 +143,18 @@ class Metrics(_Strict):
     acc_all_samples: float = Field(ge=0, le=1, description="accuracy over every sample of the dataset")
 
 
+SCORE_ROUNDING = 1e-6
+"""How far a stored probability-valued number (a conformal score, an isotonic knot) may stray outside its
+range by float rounding."""
+
+_TEMPERATURE = Field(
+    ge=1e-7,
+    le=1e4,
+    allow_inf_nan=False,
+    description="positive; calibration searches [1e-6, 1e3], and a decade beyond either end is no fit's",
+)
+
+
 class TemperatureCalibration(_Strict):
     """``confidence`` = the projected probability of the label with the fused evidence divided by ``T``.
 
@@ -150,7 +162,7 @@ class TemperatureCalibration(_Strict):
     """
 
     kind: Literal["temperature"]
-    temperature: float = Field(gt=0, allow_inf_nan=False)
+    temperature: float = _TEMPERATURE
 
 
 class IsotonicCalibration(_Strict):
@@ -158,8 +170,10 @@ class IsotonicCalibration(_Strict):
     of the temperature-scaled top-class probability; see ``calibration.IsotonicBinning``."""
 
     kind: Literal["isotonic"]
-    temperature: float = Field(gt=0, allow_inf_nan=False, description="scales the input score")
-    thresholds: list[float] = Field(min_length=1, description="knot positions, strictly increasing")
+    temperature: float = _TEMPERATURE
+    thresholds: list[float] = Field(
+        min_length=1, description="knot positions, top-class probabilities in [0, 1], strictly increasing"
+    )
     values: list[float] = Field(
         min_length=1, description="confidence at each knot, non-decreasing, in [0, 1]"
     )
@@ -173,6 +187,10 @@ class IsotonicCalibration(_Strict):
             raise ValueError("thresholds must increase strictly and values must not decrease")
         if not all(0 <= v <= 1 for v in y):
             raise ValueError("values must lie in [0, 1]")
+        if not -SCORE_ROUNDING <= x[0] <= x[-1] <= 1 + SCORE_ROUNDING:
+            raise ValueError(
+                f"thresholds are top-class probabilities, in [0, 1]; these span [{x[0]}, {x[-1]}]"
+            )
         return self
 
 
@@ -356,6 +374,23 @@ class Manifest(_Strict):
         unknown = set(self.view_agreement or ()) - {view.name for view in self.views}
         if unknown:
             raise ValueError(f"view_agreement names views the model does not have: {sorted(unknown)}")
+        return self
+
+    @model_validator(mode="after")
+    def _conformal_scores_possible(self) -> Manifest:
+        # Scores outside their range load and serve silently wrong sets: below 0, every set empty; far above
+        # its highest, every class in every set.
+        if self.calibration is None:
+            return self
+        conformal = self.calibration.conformal
+        score = conformal.score
+        highest = 1 + score.penalty * max(len(self.classes) - score.free_rank, 0)
+        low, high = conformal.calibration_scores[0], conformal.calibration_scores[-1]  # sorted
+        if low < -SCORE_ROUNDING or high > highest + SCORE_ROUNDING:
+            raise ValueError(
+                f"calibration_scores of a {score.kind} score over {len(self.classes)} classes lie in "
+                f"[0, {highest:g}]; these span [{low:g}, {high:g}]"
+            )
         return self
 
     @model_validator(mode="after")

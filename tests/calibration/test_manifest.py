@@ -112,7 +112,37 @@ def test_version_and_section_must_agree(section):
         ("calibration__conformal__default_coverage", 1.0, "less than 1"),
         ("calibration__conformal__score", {"kind": "lac", "penalty": 0.1}, "a lac score takes no penalty"),
         ("calibration__conformal__score", {"kind": "thr"}, "'lac', 'aps' or 'raps'"),
-        ("calibration__confidence", {"kind": "temperature", "temperature": 0}, "greater than 0"),
+        (
+            "calibration__confidence",
+            {"kind": "temperature", "temperature": 0},
+            "greater than or equal to 0.0000001",
+        ),
+        (
+            "calibration__confidence",
+            {"kind": "temperature", "temperature": 1e308},
+            "less than or equal to 10000",
+        ),
+        (
+            "calibration__confidence",
+            {"kind": "isotonic", "temperature": 1, "thresholds": [-1e308, 0.5], "values": [0.3, 0.4]},
+            r"thresholds are top-class probabilities, in \[0, 1\]",
+        ),
+        (
+            "calibration__confidence",
+            {"kind": "isotonic", "temperature": 1, "thresholds": [0.5, 1e308], "values": [0.3, 0.4]},
+            r"thresholds are top-class probabilities, in \[0, 1\]",
+        ),
+        # Below 0, every set was empty; far above 1, every class was in every set: loaded and served.
+        (
+            "calibration__conformal__calibration_scores",
+            [-1.0] * 100,
+            r"lie in \[0, [0-9.]+\]; these span \[-1, -1\]",
+        ),
+        (
+            "calibration__conformal__calibration_scores",
+            [0.1] * 99 + [1e300],
+            r"lie in \[0, [0-9.]+\]; these span \[0.1, 1e\+300\]",
+        ),
         (
             "calibration__confidence",
             {"kind": "platt", "temperature": 1},
