@@ -803,6 +803,9 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         # this host's, never uvicorn's FORWARDED_ALLOW_IPS from the environment. "*" there, which uvicorn
         # suggests in containers, let a client on another host name itself 127.0.0.1 and reload.
         "forwarded_allow_ips": LOCAL_PROXIES,
+        # Every answer, the server's own refusals too: a browser must not read an error that echoes a
+        # request (a model name, a path) as anything but its declared type (OWASP's REST security sheet).
+        "headers": [("X-Content-Type-Options", "nosniff")],
     }
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from service.app import create_app
 from service.settings import Settings
-from tests.service.conftest import free_port, in_range_samples, running_service, serving
+from tests.service.conftest import address, free_port, in_range_samples, read_answer, running_service, serving
 from tests.service.test_service import HANDWRITTEN_DIMS, zeros_sample
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -87,6 +87,31 @@ def test_with_a_key_the_documentation_needs_it_too():
         for open_path in ("/health", "/ready", "/metrics", "/v2", "/v2/health/live", "/v2/health/ready"):
             assert httpx.get(url + open_path).status_code == 200, open_path
             assert httpx.head(url + open_path).status_code == 200, open_path
+
+
+def test_every_answer_forbids_content_sniffing():
+    """Errors echo what a request named (a model, a path): no browser may read one as HTML. The app's
+    answers, its errors and the server's own refusals each say so."""
+    with running_service("--model-dir", MODELS) as url:
+        answers = [
+            httpx.get(url + "/health"),
+            httpx.get(url + "/v1/models/<b>x</b>"),
+            httpx.post(
+                url + "/v1/models/handwritten/predict",
+                content=b"{",
+                headers={"Content-Type": "application/json"},
+            ),
+            httpx.get(url + "/v2/models/handwritten"),
+            httpx.get(url + "/metrics"),
+        ]
+        with socket.create_connection(address(url), timeout=10) as conn:
+            conn.sendall(b"GARBAGE\r\n\r\n")
+            refusal = read_answer(conn)
+    for answer in answers:
+        assert answer.headers["x-content-type-options"] == "nosniff", (answer.url, answer.status_code)
+    assert (
+        refusal.startswith(b"HTTP/1.1 400 ") and b"\r\nx-content-type-options: nosniff\r\n" in refusal.lower()
+    )
 
 
 def test_the_key_is_checked_before_the_method():
