@@ -64,6 +64,26 @@ def host(url: str) -> str:
     return url.removeprefix("http://")
 
 
+@pytest.fixture(params=["sync", "aio"])
+def sync_and_aio(request, url):
+    """Runs a call of tritonclient's HTTP client, sync or aio, against the service."""
+
+    def call(ask):
+        if request.param == "sync":
+            return ask(triton.InferenceServerClient(host(url)))
+
+        async def scenario():
+            client = triton_aio.InferenceServerClient(host(url))
+            try:
+                return await ask(client)
+            finally:
+                await client.close()
+
+        return asyncio.run(scenario())
+
+    return call
+
+
 def test_tritonclient_metadata_readiness_and_versions(url):
     client = triton.InferenceServerClient(host(url))
     assert client.is_server_live() and client.is_server_ready()
@@ -154,6 +174,16 @@ def test_tritonclient_errors_carry_the_message(url, call, status, message):
         call(client, triton_inputs(features(2), binary=True))
     assert error.value.status() == status
     assert message in str(error.value) and message in error.value.message()
+
+
+def test_tritonclient_statistics_of_every_model_are_said_not_served(url, sync_and_aio):
+    """tritonclient's get_inference_statistics() without a model asks for Triton's ``/v2/models/stats``,
+    which read as the metadata of a model named 'stats': "no model named 'stats'" told its user nothing."""
+    with pytest.raises(InferenceServerException) as error:
+        sync_and_aio(lambda client: client.get_inference_statistics())
+    assert error.value.status() == "404"
+    assert str(error.value.message()).startswith("no endpoint /v2/models/stats: the endpoints are listed at")
+    assert "statistics" in str(error.value.message())
 
 
 def test_tritonclient_errors_name_the_input_and_row(url):
