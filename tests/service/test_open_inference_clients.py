@@ -267,6 +267,31 @@ def test_kserve_rest_client(url, binary):
     assert error.response.status_code == 404 and "no model named 'nope'" in str(error)
 
 
+@pytest.mark.parametrize("rows", [2, 300])  # 300: a body the fast reader (simdjson) reads first
+def test_kserve_rest_client_json_nan_is_refused_saying_where_and_why(url, rows):
+    """kserve's REST client writes JSON with orjson, which writes NaN as ``null``: a view missing from a
+    sample as fit's data marks it (a row all NaN) arrives as nulls. "data must be 12 numbers, flat or nested
+    as the shape" told its user, who sent that many, nothing of the null."""
+    given = features(rows, seed=8, views={"kar": 64})
+    given["kar"][1] = np.nan
+
+    async def scenario() -> httpx.HTTPStatusError:
+        client = InferenceRESTClient(RESTConfig(protocol="v2", timeout=30))
+        try:
+            request = InferRequest("handwritten", kserve_inputs(given, binary=False))
+            with pytest.raises(httpx.HTTPStatusError) as error:
+                await client.infer(url, request, model_name="handwritten")
+            return error.value
+        finally:
+            await client.close()
+
+    error = asyncio.run(scenario())
+    assert error.response.status_code == 400
+    message = error.response.json()["error"]
+    assert message.startswith("inputs[0] (kar): data[64] is null, not a number"), message
+    assert "a row all NaN in binary data" in message
+
+
 def test_kserve_v2_data_model_with_its_nulls(url):
     """kserve's own request model (pydantic, as KServe's server reads requests) writes ``null`` for every
     field left out, ``parameters`` too: read as none given, as KServe reads them."""
