@@ -6,6 +6,8 @@ binary request all work as they expect."""
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
 
 import httpx
 import numpy as np
@@ -184,6 +186,16 @@ def test_tritonclient_statistics_of_every_model_are_said_not_served(url, sync_an
     assert error.value.status() == "404"
     assert str(error.value.message()).startswith("no endpoint /v2/models/stats: the endpoints are listed at")
     assert "statistics" in str(error.value.message())
+
+
+def test_a_model_named_stats_is_served_its_metadata(tmp_path):
+    """Triton's statistics share the path of a model called 'stats', a name a manifest may give."""
+    shutil.copytree(MODELS / "cub", tmp_path / "stats")
+    manifest = json.loads((tmp_path / "stats" / "manifest.json").read_text())
+    (tmp_path / "stats" / "manifest.json").write_text(json.dumps({**manifest, "name": "stats"}))
+    with serving(tmp_path) as base:
+        client = triton.InferenceServerClient(host(base))
+        assert client.get_model_metadata("stats")["name"] == "stats" and client.is_model_ready("stats")
 
 
 def test_tritonclient_errors_name_the_input_and_row(url):
