@@ -56,6 +56,8 @@ _NESTED = msgspec.json.Decoder(list[list[float]])  # nested as its [N, dim] shap
 _BYTE_ORDER_MARK = b"\xef\xbb\xbf"
 # msgspec's words for a number beyond float64, and where: `$[3]`, `$[0][2]`
 _OUT_OF_RANGE = re.compile(r"Number out of range - at `\$(.*)`")
+# msgspec's words for a null where a number is: orjson (kserve's REST client) writes NaN as null
+_NULL = re.compile(r"Expected `float`, got `null` - at `\$(.*)`")
 # From this size a JSON body is read by simdjson (_read_fast): below it, its setup and the Python around it
 # cost more than the Python floats it saves (one HandWritten sample, 13 KB, is below it).
 _FAST_READ_BYTES = 16 * 1024
@@ -544,12 +546,20 @@ def refuse_shared_memory(parameters: dict[str, Any], where: str, instead: str) -
 
 
 def _malformed(count: int, where: str, *errors: Exception) -> str:
-    """Why a tensor's JSON ``data`` was refused: a number beyond float64 where msgspec found one (it was
-    else said to be the wrong count of numbers), else not ``count`` numbers as the shape has them."""
+    """Why a tensor's JSON ``data`` was refused: a number beyond float64, or a null, where msgspec found one
+    (they were else said to be the wrong count of numbers), else not ``count`` numbers as the shape has
+    them."""
     for error in errors:
         beyond = _OUT_OF_RANGE.match(str(error))
         if beyond:
             return f"{where}: data{beyond[1]} is not a finite float32 (a number beyond float64)"
+        null = _NULL.match(str(error))
+        if null:
+            return (
+                f"{where}: data{null[1]} is null, not a number (NaN as orjson, which kserve's client uses, "
+                "writes it); a view a sample lacks goes as a row all NaN in binary data (or is left out of "
+                "every sample)"
+            )
     return f"{where}: data must be {count} numbers, flat or nested as the shape"
 
 

@@ -6,6 +6,8 @@ binary request all work as they expect."""
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
 
 import httpx
 import numpy as np
@@ -62,6 +64,26 @@ def triton_inputs(given: dict[str, np.ndarray], *, binary: bool) -> list[triton.
 
 def host(url: str) -> str:
     return url.removeprefix("http://")
+
+
+@pytest.fixture(params=["sync", "aio"])
+def sync_and_aio(request, url):
+    """Runs a call of tritonclient's HTTP client, sync or aio, against the service."""
+
+    def call(ask):
+        if request.param == "sync":
+            return ask(triton.InferenceServerClient(host(url)))
+
+        async def scenario():
+            client = triton_aio.InferenceServerClient(host(url))
+            try:
+                return await ask(client)
+            finally:
+                await client.close()
+
+        return asyncio.run(scenario())
+
+    return call
 
 
 def test_tritonclient_metadata_readiness_and_versions(url):
@@ -156,6 +178,26 @@ def test_tritonclient_errors_carry_the_message(url, call, status, message):
     assert message in str(error.value) and message in error.value.message()
 
 
+def test_tritonclient_statistics_of_every_model_are_said_not_served(url, sync_and_aio):
+    """tritonclient's get_inference_statistics() without a model asks for Triton's ``/v2/models/stats``,
+    which read as the metadata of a model named 'stats': "no model named 'stats'" told its user nothing."""
+    with pytest.raises(InferenceServerException) as error:
+        sync_and_aio(lambda client: client.get_inference_statistics())
+    assert error.value.status() == "404"
+    assert str(error.value.message()).startswith("no endpoint /v2/models/stats: the endpoints are listed at")
+    assert "statistics" in str(error.value.message())
+
+
+def test_a_model_named_stats_is_served_its_metadata(tmp_path):
+    """Triton's statistics share the path of a model called 'stats', a name a manifest may give."""
+    shutil.copytree(MODELS / "cub", tmp_path / "stats")
+    manifest = json.loads((tmp_path / "stats" / "manifest.json").read_text())
+    (tmp_path / "stats" / "manifest.json").write_text(json.dumps({**manifest, "name": "stats"}))
+    with serving(tmp_path) as base:
+        client = triton.InferenceServerClient(host(base))
+        assert client.get_model_metadata("stats")["name"] == "stats" and client.is_model_ready("stats")
+
+
 def test_tritonclient_errors_name_the_input_and_row(url):
     given = features(3)
     given["fou"] = np.where(np.arange(3)[:, None] == 2, np.float32(1e38), given["fou"]).astype(np.float32)
@@ -235,6 +277,31 @@ def test_kserve_rest_client(url, binary):
     assert [o.name for o in only_label.outputs] == ["label"]
     assert only_label.outputs[0].as_numpy().tolist() == outputs["label"].tolist()
     assert error.response.status_code == 404 and "no model named 'nope'" in str(error)
+
+
+@pytest.mark.parametrize("rows", [2, 300])  # 300: a body the fast reader (simdjson) reads first
+def test_kserve_rest_client_json_nan_is_refused_saying_where_and_why(url, rows):
+    """kserve's REST client writes JSON with orjson, which writes NaN as ``null``: a view missing from a
+    sample as fit's data marks it (a row all NaN) arrives as nulls. "data must be 12 numbers, flat or nested
+    as the shape" told its user, who sent that many, nothing of the null."""
+    given = features(rows, seed=8, views={"kar": 64})
+    given["kar"][1] = np.nan
+
+    async def scenario() -> httpx.HTTPStatusError:
+        client = InferenceRESTClient(RESTConfig(protocol="v2", timeout=30))
+        try:
+            request = InferRequest("handwritten", kserve_inputs(given, binary=False))
+            with pytest.raises(httpx.HTTPStatusError) as error:
+                await client.infer(url, request, model_name="handwritten")
+            return error.value
+        finally:
+            await client.close()
+
+    error = asyncio.run(scenario())
+    assert error.response.status_code == 400
+    message = error.response.json()["error"]
+    assert message.startswith("inputs[0] (kar): data[64] is null, not a number"), message
+    assert "a row all NaN in binary data" in message
 
 
 def test_kserve_v2_data_model_with_its_nulls(url):

@@ -8,6 +8,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from starlette.exceptions import HTTPException
 
 from service import v2
 from service.api.direct import DirectRoute
@@ -51,13 +52,19 @@ INFER = {
     ),
 }
 METADATA = documented(ok("ModelMetadata"), 404, 503, v2=True)
+# Triton's statistics of every model (what tritonclient's get_inference_statistics() asks for) share the
+# metadata route's path: unless a model has this name, the path is that extension, not a missing model.
+STATISTICS = "stats"
 READY = documented(ok("ModelReadiness"), 404, 503, v2=True)
 
 
 @router.get("", **METADATA)
 def model_metadata(name: str, request: Request) -> dict[str, Any]:
     """The input tensors (one FP32 [N, dim] per view) and output tensors of a model."""
-    return v2.metadata(_plane(request).model(name).signature)
+    plane = _plane(request)
+    if name == STATISTICS and plane.ready().get(name) is None:
+        raise HTTPException(status_code=404)  # answered as a path not served, saying what is
+    return v2.metadata(plane.model(name).signature)
 
 
 @router.get("/versions/{version}", **METADATA)
