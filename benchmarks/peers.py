@@ -4,7 +4,8 @@ as a custom model (:mod:`benchmarks.kserve_runtime`), all asked the same Open In
 in one run, alternated: JSON tensors over REST by wrk (``v2-json*`` cases), raw tensors over gRPC by h2load
 (``grpc*`` cases, each server's gRPC port; the request checked once by a gRPC client first). MLServer runs
 twice: as installed (its default, one inference worker process) and with ``parallel_workers`` 0 (inference
-in the server process, as dbf-serve does it); KServe as installed, its per-request latency log off.
+in the server process, as dbf-serve does it); KServe as installed, its per-request logs off (latency,
+timing and access lines: dbf-serve runs at ``--log-level warning``).
 
     python -m benchmarks.peers [--seconds 8] [--repeat 3] [--cases v2-json256,v2-json1,grpc256,grpc1]
                                [--peers mlserver,mlserver-0,kserve] [--workers N] [--venv DIR]
@@ -137,18 +138,36 @@ def _peer(
     """The peer ``label``'s server with ``workers`` processes (None: as installed), and its gRPC port."""
     grpc_port = free_port()
     if label == "kserve":
-        return _kserve(model_dir, grpc_port, workers), grpc_port
+        return _kserve(model_dir, grpc_port, workers, tmp), grpc_port
     parallel_workers = 0 if label == "mlserver-0" else workers
     return _mlserver(mlserver, model_dir, tmp, parallel_workers, grpc_port), grpc_port
 
 
-def _kserve(model_dir: Path, grpc_port: int, workers: int | None) -> Server:
-    """KServe's model server on the model with :class:`benchmarks.kserve_runtime.DBFModel`."""
+# KServe's own logging configuration logs every REST request at INFO twice over: uvicorn's access line and
+# its timing middleware's wall and CPU lines (kserve.trace), which --enable_latency_logging leaves on.
+# dbf-serve runs at --log-level warning (no access log): KServe gets the same, by its --log_config_file.
+KSERVE_LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr"}},
+    "loggers": {
+        name: {"handlers": ["stderr"], "level": "WARNING", "propagate": False}
+        for name in ("kserve", "kserve.trace", "uvicorn", "uvicorn.access")
+    },
+}
+
+
+def _kserve(model_dir: Path, grpc_port: int, workers: int | None, tmp: Path) -> Server:
+    """KServe's model server on the model with :class:`benchmarks.kserve_runtime.DBFModel`, logging
+    warnings only, as dbf-serve does here."""
+    logging_file = tmp / "kserve-logging.json"
+    logging_file.write_text(json.dumps(KSERVE_LOGGING))
 
     def argv(port: int) -> list[str]:
         return [
             sys.executable, "-m", "benchmarks.kserve_runtime", "--model-dir", str(model_dir),
             "--http_port", str(port), "--grpc_port", str(grpc_port), "--enable_latency_logging", "false",
+            "--log_config_file", str(logging_file),
             *([] if workers is None else ["--workers", str(workers)]),
         ]  # fmt: skip
 

@@ -1,0 +1,29 @@
+"""``benchmarks.peers`` runs each peer as dbf-serve runs there: equal work beside the serving itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks import peers
+from benchmarks.service import check_grpc, grpc_frame, grpc_request, v2_json_body
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_kserves_peer_logs_no_line_per_request_as_dbf_serve_logs_none(tmp_path, capfd):
+    """dbf-serve runs at ``--log-level warning``; KServe's own logging configuration wrote three lines to
+    stdout per REST request (uvicorn's access line, its timing middleware's wall and CPU lines) and one per
+    gRPC call (its logging interceptor), work in the timed loop that dbf-serve did not do."""
+    directory = ROOT / "models" / "handwritten"
+    server, grpc_port = peers._peer("kserve", None, directory, tmp_path, None)
+    body = v2_json_body(directory, 1)
+    call = grpc_frame(grpc_request(directory, 1, "handwritten"))
+    with server as url:
+        capfd.readouterr()  # what it wrote while starting
+        for _ in range(3):
+            peers._check_rest(f"{url}/v2/models/handwritten/infer", body)
+            check_grpc(f"127.0.0.1:{grpc_port}", call)
+    out, err = capfd.readouterr()
+    assert "/infer" not in out + err
+    assert "kserve.trace" not in out + err
+    assert "ModelInfer" not in out + err
