@@ -3,18 +3,21 @@ by MLServer 1.7 as a custom runtime (:mod:`benchmarks.mlserver_runtime`) and by 
 as a custom model (:mod:`benchmarks.kserve_runtime`), all asked the same Open Inference Protocol requests
 in one run, alternated: JSON tensors over REST by wrk (``v2-json*`` cases), raw tensors over gRPC by h2load
 (``grpc*`` cases, each server's gRPC port; the request checked once by a gRPC client first). MLServer runs
-twice: as installed (its default, one inference worker process) and with ``parallel_workers`` 0 (inference
-in the server process, as dbf-serve does it); KServe as installed, its per-request logs off (latency,
+three times: as installed (its default, one inference worker process), with ``parallel_workers`` 0
+(inference in the server process, as dbf-serve does it) and with its adaptive batching on
+(``mlserver-batching``: off unless a model's settings turn it on, and dbf-serve micro-batches by default);
+KServe (whose Python server has no batching of its own) as installed, its per-request logs off (latency,
 timing and access lines: dbf-serve runs at ``--log-level warning``).
 
     python -m benchmarks.peers [--seconds 8] [--repeat 3] [--cases v2-json256,v2-json1,grpc256,grpc1]
-                               [--peers mlserver,mlserver-0,kserve] [--workers N] [--venv DIR]
+                               [--peers mlserver,mlserver-0,mlserver-batching,kserve]
+                               [--workers N] [--venv DIR]
 
 ``--workers N`` gives each server N processes where its design allows: dbf-serve ``DBF_WORKERS`` (each
 serving REST and gRPC), KServe ``--workers`` (REST only: its gRPC server stays in the main process),
 MLServer ``parallel_workers`` (inference processes behind its one front-end process, which decodes every
-request); ``mlserver-0`` keeps 0. Without it each runs as installed: dbf-serve and KServe one process,
-MLServer one inference worker.
+request; ``mlserver-batching`` too); ``mlserver-0`` keeps 0. Without it each runs as installed: dbf-serve
+and KServe one process, MLServer one inference worker.
 
 MLServer and dbf-serve pin different FastAPI releases, so MLServer gets its own virtual environment
 (``--venv``, made on first use: ``pip install mlserver==1.7.1 'uvloop<0.22' onnxruntime numpy
@@ -55,6 +58,7 @@ from manifest import Manifest
 from tests.service.conftest import free_port
 
 MLSERVER = "mlserver==1.7.1"
+PEERS = "mlserver,mlserver-0,mlserver-batching,kserve"
 
 
 def main() -> None:
@@ -64,7 +68,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3, help="runs per server and case; medians are printed")
     parser.add_argument("--cases", default="v2-json256,v2-json1,grpc256,grpc1")
-    parser.add_argument("--peers", default="mlserver,mlserver-0,kserve")
+    parser.add_argument("--peers", default=PEERS)
     parser.add_argument("--model-dir", type=Path, default=ROOT / "models" / "handwritten")
     parser.add_argument("--venv", type=Path, default=ROOT / ".venv-mlserver", help="MLServer's environment")
     parser.add_argument("--workers", type=int, default=None, help="processes per server (see above)")
@@ -106,11 +110,23 @@ def main() -> None:
                 with Server(command, env, ready_path="/ready") as url:
                     runs["dbf-serve"].append(_load(case, body, url, grpc_port, args, script))
             for label in peers:
-                print_row(case, label, median(runs[label]), None, NOTES.get(label, ""))
+                print_row(
+                    case, label, median(runs[label]), None, NOTES.get(label, "").format(**MLSERVER_BATCHING)
+                )
                 print_row(case, "dbf-serve", median(runs["dbf-serve"]), median(runs[label]), "")
 
 
-NOTES = {"mlserver-0": "parallel_workers 0"}
+NOTES = {
+    "mlserver-0": "parallel_workers 0",
+    "mlserver-batching": "adaptive batching, up to {max_batch_size} requests, {max_batch_time} s",
+}
+
+# MLServer's adaptive batching (its documented setting for throughput; off unless a model's settings turn it
+# on), set as dbf-serve's micro-batching is by default: one-sample requests are batched as the benchmark's
+# concurrency (16) allows, waiting at most 1 ms (dbf-serve's REST batches do not wait, its gRPC ones wait 1 ms
+# and up to 3; MLServer does not batch at 0). A starting point, not tuned: MLServer's documentation leaves the
+# values to experiment.
+MLSERVER_BATCHING = {"max_batch_size": 16, "max_batch_time": 0.001}
 
 
 def _load(case: Case, body: Path, url: str, grpc_port: int, args: argparse.Namespace, script: Path) -> Load:
@@ -140,7 +156,8 @@ def _peer(
     if label == "kserve":
         return _kserve(model_dir, grpc_port, workers, tmp), grpc_port
     parallel_workers = 0 if label == "mlserver-0" else workers
-    return _mlserver(mlserver, model_dir, tmp, parallel_workers, grpc_port), grpc_port
+    settings = model_settings(model_dir, batching=label == "mlserver-batching")
+    return _mlserver(mlserver, settings, tmp, parallel_workers, grpc_port), grpc_port
 
 
 # KServe's own logging configuration logs every REST request at INFO twice over: uvicorn's access line and
@@ -193,10 +210,21 @@ def _mlserver_environment(venv: Path) -> Path:
     return command
 
 
+def model_settings(model_dir: Path, *, batching: bool) -> dict[str, object]:
+    """MLServer's ``model-settings.json`` for the model with :class:`benchmarks.mlserver_runtime.DBFRuntime`,
+    with :data:`MLSERVER_BATCHING` where ``batching``."""
+    return {
+        "name": "handwritten",
+        "implementation": "benchmarks.mlserver_runtime.DBFRuntime",
+        "parameters": {"uri": str(model_dir.resolve())},
+        **(MLSERVER_BATCHING if batching else {}),
+    }
+
+
 def _mlserver(
-    command: Path, model_dir: Path, tmp: Path, parallel_workers: int | None, grpc_port: int
+    command: Path, model: dict[str, object], tmp: Path, parallel_workers: int | None, grpc_port: int
 ) -> Server:
-    """MLServer serving the model with :class:`benchmarks.mlserver_runtime.DBFRuntime`."""
+    """MLServer serving ``model`` (its :func:`model_settings`)."""
 
     def argv(port: int) -> list[str]:
         home = Path(tempfile.mkdtemp(dir=tmp))
@@ -210,17 +238,8 @@ def _mlserver(
         if parallel_workers is not None:
             settings["parallel_workers"] = parallel_workers
         (home / "settings.json").write_text(json.dumps(settings))
-        model = home / "handwritten"
-        model.mkdir()
-        (model / "model-settings.json").write_text(
-            json.dumps(
-                {
-                    "name": "handwritten",
-                    "implementation": "benchmarks.mlserver_runtime.DBFRuntime",
-                    "parameters": {"uri": str(model_dir.resolve())},
-                }
-            )
-        )
+        (home / "handwritten").mkdir()
+        (home / "handwritten" / "model-settings.json").write_text(json.dumps(model))
         return [str(command), "start", str(home)]
 
     # MLServer logs every request at INFO; the runtime and the fusion package come from this repository.

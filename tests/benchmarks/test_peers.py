@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from benchmarks import peers
@@ -27,3 +28,24 @@ def test_kserves_peer_logs_no_line_per_request_as_dbf_serve_logs_none(tmp_path, 
     assert "/infer" not in out + err
     assert "kserve.trace" not in out + err
     assert "ModelInfer" not in out + err
+
+
+def test_mlserver_runs_with_its_adaptive_batching_too_as_dbf_serve_micro_batches_by_default(tmp_path):
+    """MLServer batches no requests unless a model's settings give ``max_batch_size`` over 1 and
+    ``max_batch_time`` over 0 (its documented setting for throughput); dbf-serve micro-batches one-sample
+    requests by default, which doubles their throughput: the peers ran MLServer without it."""
+    directory = ROOT / "models" / "handwritten"
+    assert "mlserver-batching" in peers.PEERS.split(",")
+    batching = tmp_path / "batching"
+    batching.mkdir()
+    peers._peer("mlserver-batching", Path("mlserver"), directory, batching, None)  # writes its settings
+    (written,) = batching.rglob("model-settings.json")
+    settings = json.loads(written.read_text())
+    assert settings["max_batch_size"] > 1
+    assert settings["max_batch_time"] > 0
+    assert settings["implementation"] == "benchmarks.mlserver_runtime.DBFRuntime"
+    as_installed = tmp_path / "as-installed"
+    as_installed.mkdir()
+    peers._peer("mlserver", Path("mlserver"), directory, as_installed, None)
+    (written,) = as_installed.rglob("model-settings.json")
+    assert "max_batch_size" not in json.loads(written.read_text())
