@@ -22,7 +22,8 @@ and KServe one process, MLServer one inference worker.
 MLServer and dbf-serve pin different FastAPI releases, so MLServer gets its own virtual environment
 (``--venv``, made on first use: ``pip install mlserver==1.7.1 'uvloop<0.22' onnxruntime numpy
 array-api-compat``); KServe runs in this environment. Prints throughput, p50/p99 latency and the ratio
-dbf-serve / the peer; asserts nothing. Needs ``wrk``, and ``h2load`` for the gRPC cases.
+dbf-serve / the peer; asserts nothing. Needs ``wrk``, and ``h2load`` for the gRPC cases. Every server runs
+the heads on the CPU (dbf-serve with ``DBF_DEVICE=cpu``), whatever the host has.
 """
 
 from __future__ import annotations
@@ -104,10 +105,8 @@ def main() -> None:
                     server, grpc_port = _peer(label, mlserver, args.model_dir, Path(tmp), args.workers)
                     with server as url:
                         runs[label].append(_load(case, body, url, grpc_port, args, script))
-                grpc_port = free_port()
-                command = ["service", "--model-dir", str(args.model_dir), "--grpc-port", str(grpc_port)]
-                env = {} if args.workers is None else {"DBF_WORKERS": str(args.workers)}
-                with Server(command, env, ready_path="/ready") as url:
+                server, grpc_port = _dbf_serve(args.model_dir, args.workers)
+                with server as url:
                     runs["dbf-serve"].append(_load(case, body, url, grpc_port, args, script))
             for label in peers:
                 print_row(
@@ -146,6 +145,18 @@ def _check_rest(url: str, body: bytes) -> None:
     answer = httpx.post(url, content=body, headers={"Content-Type": "application/json"}, timeout=60)
     if answer.status_code != 200:
         raise SystemExit(f"{url} answered {answer.status_code}, not 200: {answer.text[:300]}")
+
+
+def _dbf_serve(model_dir: Path, workers: int | None) -> tuple[Server, int]:
+    """dbf-serve on the model with ``workers`` processes (None: its default, one), and its gRPC port.
+
+    Its heads on the CPU, where the peers run theirs (:class:`benchmarks.peer_model.PeerModel`): its default
+    device, ``auto``, would put large batches on a GPU where the host has one.
+    """
+    grpc_port = free_port()
+    command = ["service", "--model-dir", str(model_dir), "--grpc-port", str(grpc_port)]
+    env = {"DBF_DEVICE": "cpu", **({} if workers is None else {"DBF_WORKERS": str(workers)})}
+    return Server(command, env, ready_path="/ready"), grpc_port
 
 
 def _peer(

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from benchmarks import peers
+from benchmarks.peer_model import PeerModel
 from benchmarks.service import check_grpc, grpc_frame, grpc_request, v2_json_body
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,3 +50,17 @@ def test_mlserver_runs_with_its_adaptive_batching_too_as_dbf_serve_micro_batches
     peers._peer("mlserver", Path("mlserver"), directory, as_installed, None)
     (written,) = as_installed.rglob("model-settings.json")
     assert "max_batch_size" not in json.loads(written.read_text())
+
+
+def test_dbf_serve_runs_its_heads_on_the_cpu_as_the_peers_do():
+    """The peers' heads run on onnxruntime's CPU provider only; dbf-serve's default device, ``auto``, puts
+    large batches on a GPU where the host has one: on a GPU machine the ratios compared a GPU with CPUs."""
+    directory = ROOT / "models" / "handwritten"
+    assert {
+        provider for session in PeerModel(directory).sessions.values() for provider in session.get_providers()
+    } == {"CPUExecutionProvider"}
+    server, grpc_port = peers._dbf_serve(directory, None)
+    assert server.env["DBF_DEVICE"] == "cpu"
+    assert ["--grpc-port", str(grpc_port)] == server.command[server.command.index("--grpc-port") :][:2]
+    server, _ = peers._dbf_serve(directory, 2)
+    assert server.env["DBF_WORKERS"] == "2"
