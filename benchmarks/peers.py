@@ -244,6 +244,7 @@ def _mlserver(
             "http_port": port,
             "grpc_port": grpc_port,
             "metrics_port": free_port(),
+            # Its default, True, logs every request (uvicorn's access log); dbf-serve runs at warning.
             "debug": False,
         }
         if parallel_workers is not None:
@@ -253,8 +254,9 @@ def _mlserver(
         (home / "handwritten" / "model-settings.json").write_text(json.dumps(model))
         return [str(command), "start", str(home)]
 
-    # MLServer logs every request at INFO; the runtime and the fusion package come from this repository.
-    env = {"PYTHONPATH": str(ROOT), "MLSERVER_LOGGING_LEVEL": "WARNING"}
+    # The runtime and the fusion package come from this repository. (MLServer 1.7 has no logging level
+    # setting: MLSERVER_LOGGING_LEVEL, set here before, changed nothing; debug off is what quiets it.)
+    env = {"PYTHONPATH": str(ROOT)}
     return Server([], env, argv=argv, ready_path="/v2/models/handwritten/ready")
 
 
