@@ -100,19 +100,26 @@ def main() -> None:
                 body.write_bytes(v2_json_body(args.model_dir, case.samples))
 
             runs: dict[str, list[Load]] = {label: [] for label in (*peers, "dbf-serve")}
-            for _ in range(args.repeat):
-                for label in peers:
-                    server, grpc_port = _peer(label, mlserver, args.model_dir, Path(tmp), args.workers)
+            for repeat in range(args.repeat):
+                for label in run_order(peers, repeat):
+                    if label == "dbf-serve":
+                        server, grpc_port = _dbf_serve(args.model_dir, args.workers)
+                    else:
+                        server, grpc_port = _peer(label, mlserver, args.model_dir, Path(tmp), args.workers)
                     with server as url:
                         runs[label].append(_load(case, body, url, grpc_port, args, script))
-                server, grpc_port = _dbf_serve(args.model_dir, args.workers)
-                with server as url:
-                    runs["dbf-serve"].append(_load(case, body, url, grpc_port, args, script))
             for label in peers:
                 print_row(
                     case, label, median(runs[label]), None, NOTES.get(label, "").format(**MLSERVER_BATCHING)
                 )
                 print_row(case, "dbf-serve", median(runs["dbf-serve"]), median(runs[label]), "")
+
+
+def run_order(peers: list[str], repeat: int) -> list[str]:
+    """Which server runs when in the ``repeat``-th round: the peers then dbf-serve, reversed every other
+    round, so that no server always runs first or last (just after another's start and stop)."""
+    order = [*peers, "dbf-serve"]
+    return order if repeat % 2 == 0 else order[::-1]
 
 
 NOTES = {

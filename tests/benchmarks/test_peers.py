@@ -64,3 +64,10 @@ def test_dbf_serve_runs_its_heads_on_the_cpu_as_the_peers_do():
     assert ["--grpc-port", str(grpc_port)] == server.command[server.command.index("--grpc-port") :][:2]
     server, _ = peers._dbf_serve(directory, 2)
     assert server.env["DBF_WORKERS"] == "2"
+
+
+def test_each_round_of_runs_reverses_the_order_of_the_one_before():
+    """dbf-serve ran last in every round, each time straight after a peer's server stopped."""
+    assert peers.run_order(["mlserver", "kserve"], 0) == ["mlserver", "kserve", "dbf-serve"]
+    assert peers.run_order(["mlserver", "kserve"], 1) == ["dbf-serve", "kserve", "mlserver"]
+    assert peers.run_order(["mlserver", "kserve"], 2) == ["mlserver", "kserve", "dbf-serve"]
