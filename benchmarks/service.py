@@ -285,14 +285,14 @@ def grpc_frame(message: bytes) -> bytes:
     return b"\0" + len(message).to_bytes(4, "big") + message
 
 
-def check_grpc(address: str, framed: bytes) -> None:
+def check_grpc(address: str, framed: bytes) -> bytes:
     """One ModelInfer with the body h2load will send, by a gRPC client: it must succeed (h2load cannot
-    tell: a gRPC error is HTTP 200)."""
+    tell: a gRPC error is HTTP 200). Returns the answer (a serialised ModelInferResponse)."""
     import grpc
 
     with grpc.insecure_channel(address) as channel:
         infer = channel.unary_unary(GRPC_INFER)  # bytes in, bytes out
-        infer(framed[5:], timeout=30)  # raises on any status but OK
+        return infer(framed[5:], timeout=30)  # raises on any status but OK
 
 
 def h2load_load(url: str, body: Path, case: Case, seconds: int) -> Load:

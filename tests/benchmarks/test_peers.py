@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
+import pytest
+
 from benchmarks import peers
 from benchmarks.peer_model import PeerModel
 from benchmarks.service import check_grpc, grpc_frame, grpc_request, v2_json_body
+from service.outputs import TENSORS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,3 +75,18 @@ def test_each_round_of_runs_reverses_the_order_of_the_one_before():
     assert peers.run_order(["mlserver", "kserve"], 0) == ["mlserver", "kserve", "dbf-serve"]
     assert peers.run_order(["mlserver", "kserve"], 1) == ["dbf-serve", "kserve", "mlserver"]
     assert peers.run_order(["mlserver", "kserve"], 2) == ["mlserver", "kserve", "dbf-serve"]
+
+
+def test_a_server_answering_fewer_outputs_than_dbf_serve_is_refused_before_timing(monkeypatch):
+    """The peers' answers were checked for a 200 only: the MLServer peer of 2026-11-23 answered 10 of
+    dbf-serve's 13 tensors (no confidence, prediction set or range check), and its ratios were printed."""
+    every = [{"name": name, "datatype": "FP32", "shape": [1], "data": [0.0]} for name in TENSORS]
+    fewer = [output for output in every if output["name"] not in {"confidence", "prediction_set"}]
+    for outputs, refused in ((every, False), (fewer, True)):
+        answer = httpx.Response(200, json={"model_name": "handwritten", "outputs": outputs})
+        monkeypatch.setattr(peers.httpx, "post", lambda *_, answer=answer, **__: answer)
+        if refused:
+            with pytest.raises(SystemExit, match="confidence, prediction_set"):
+                peers._check_rest("http://peer/v2/models/handwritten/infer", b"{}")
+        else:
+            peers._check_rest("http://peer/v2/models/handwritten/infer", b"{}")
