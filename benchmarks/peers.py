@@ -88,7 +88,7 @@ def main() -> None:
         f"{'as installed' if args.workers is None else f'--workers {args.workers}'}; "
         "ratio = dbf-serve / the peer's row above it"
     )
-    header = f"{'case':<20}{'samples':>8}{'conc':>5} {'server':<10}{'req/s':>9}{'samples/s':>11}"
+    header = f"{'case':<20}{'samples':>8}{'conc':>5} {'server':<18}{'req/s':>9}{'samples/s':>11}"
     print(header + f"{'p50 ms':>9}{'p99 ms':>9}{'ratio':>7}  notes")
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "post.lua"

@@ -156,7 +156,7 @@ def main() -> None:
             f"{args.repeat} runs of {args.seconds} s, yardstick and service alternated"
         )
     print(f"# {os.cpu_count()} cores; ratio = service / {baseline} (grpc cases: gRPC / REST binary tensors)")
-    header = f"{'case':<20}{'samples':>8}{'conc':>5} {'server':<10}{'req/s':>9}{'samples/s':>11}"
+    header = f"{'case':<20}{'samples':>8}{'conc':>5} {'server':<18}{'req/s':>9}{'samples/s':>11}"
     print(header + f"{'p50 ms':>9}{'p99 ms':>9}{'ratio':>7}  notes")
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "post.lua"
@@ -354,7 +354,7 @@ def print_row(
     if load.non_2xx or load.errors:
         notes += f" non-2xx {load.non_2xx} {load.errors}".rstrip()
     print(
-        f"{case.name:<20}{case.samples:>8}{case.concurrency:>5} {server:<10}{load.requests_per_s:>9.1f}"
+        f"{case.name:<20}{case.samples:>8}{case.concurrency:>5} {server:<18}{load.requests_per_s:>9.1f}"
         f"{load.requests_per_s * case.samples:>11.0f}{load.p50_ms:>9.2f}{load.p99_ms:>9.2f}{shown}  {notes}",
         flush=True,
     )
