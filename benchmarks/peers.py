@@ -46,6 +46,7 @@ from benchmarks.service import (
     Case,
     Load,
     Server,
+    alternated,
     check_grpc,
     grpc_frame,
     grpc_request,
@@ -119,9 +120,9 @@ def main() -> None:
 
 def run_order(peers: list[str], repeat: int) -> list[str]:
     """Which server runs when in the ``repeat``-th round: the peers then dbf-serve, reversed every other
-    round, so that no server always runs first or last (just after another's start and stop)."""
-    order = [*peers, "dbf-serve"]
-    return order if repeat % 2 == 0 else order[::-1]
+    round (:func:`benchmarks.service.alternated`), so that none always runs first or last, just after
+    another's start and stop."""
+    return alternated([*peers, "dbf-serve"], repeat)
 
 
 NOTES = {

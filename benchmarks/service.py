@@ -179,25 +179,37 @@ def main() -> None:
                 paired(case, manifest, args, json_path, body, headers, script)
                 continue
             yardstick_runs, service_runs, provider = [], [], ""
-            for _ in range(args.repeat):  # alternated, so that a noisy neighbour hits both alike
-                if not args.no_yardstick:  # the same samples as JSON: the yardstick has no binary path
-                    with Server(["uvicorn", "benchmarks.yardstick:app"], {}) as url:
-                        json_headers = {"Content-Type": "application/json"}
-                        yardstick_runs.append(
-                            wrk_load(url + "/predict", json_path, json_headers, case, args.seconds, script)
+            sides = ["service"] if args.no_yardstick else ["yardstick", "service"]
+            for repeat in range(args.repeat):  # alternated, so that a noisy neighbour hits both alike
+                for side in alternated(sides, repeat):
+                    if side == "yardstick":  # the same samples as JSON: the yardstick has no binary path
+                        with Server(["uvicorn", "benchmarks.yardstick:app"], {}) as url:
+                            json_headers = {"Content-Type": "application/json"}
+                            yardstick_runs.append(
+                                wrk_load(
+                                    url + "/predict", json_path, json_headers, case, args.seconds, script
+                                )
+                            )
+                        continue
+                    command = ["service", "--model-dir", str(args.model_dir)]
+                    with Server(command, dict(case.server_env)) as url:
+                        placement = httpx.get(url + "/v1/models").json()["models"][0]["placement"]
+                        provider = ", ".join(
+                            f"{b['provider']} {b['from_samples']}-{b['to_samples'] or ''}"
+                            for b in placement["batches"]
                         )
-                with Server(["service", "--model-dir", str(args.model_dir)], dict(case.server_env)) as url:
-                    placement = httpx.get(url + "/v1/models").json()["models"][0]["placement"]
-                    provider = ", ".join(
-                        f"{b['provider']} {b['from_samples']}-{b['to_samples'] or ''}"
-                        for b in placement["batches"]
-                    )
-                    path = case.path.format(model=manifest.name)
-                    service_runs.append(wrk_load(url + path, body, headers, case, args.seconds, script))
+                        path = case.path.format(model=manifest.name)
+                        service_runs.append(wrk_load(url + path, body, headers, case, args.seconds, script))
             baseline = median(yardstick_runs) if yardstick_runs else None
             if baseline:
                 print_row(case, "yardstick", baseline, None, "")
             print_row(case, "service", median(service_runs), baseline, provider)
+
+
+def alternated(sides: list[str], repeat: int) -> list[str]:
+    """The order the ``sides`` run in, in the ``repeat``-th round: as given, reversed every other round, so
+    that none always runs first or last."""
+    return sides if repeat % 2 == 0 else sides[::-1]
 
 
 def paired(case: Case, manifest: Manifest, args, json_path: Path, body: Path, headers, script: Path) -> None:
