@@ -186,37 +186,20 @@ def _peer(
     """The peer ``label``'s server with ``workers`` processes (None: as installed), and its gRPC port."""
     grpc_port = free_port()
     if label == "kserve":
-        return _kserve(model_dir, grpc_port, workers, tmp), grpc_port
+        return _kserve(model_dir, grpc_port, workers), grpc_port
     parallel_workers = 0 if label == "mlserver-0" else workers
     settings = model_settings(model_dir, batching=label == "mlserver-batching")
     return _mlserver(mlserver, settings, tmp, parallel_workers, grpc_port), grpc_port
 
 
-# KServe's own logging configuration logs every REST request at INFO twice over: uvicorn's access line and
-# its timing middleware's wall and CPU lines (kserve.trace), which --enable_latency_logging leaves on.
-# dbf-serve runs at --log-level warning (no access log): KServe gets the same, by its --log_config_file.
-KSERVE_LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"stderr": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr"}},
-    "loggers": {
-        name: {"handlers": ["stderr"], "level": "WARNING", "propagate": False}
-        for name in ("kserve", "kserve.trace", "uvicorn", "uvicorn.access")
-    },
-}
-
-
-def _kserve(model_dir: Path, grpc_port: int, workers: int | None, tmp: Path) -> Server:
+def _kserve(model_dir: Path, grpc_port: int, workers: int | None) -> Server:
     """KServe's model server on the model with :class:`benchmarks.kserve_runtime.DBFModel`, logging
-    warnings only, as dbf-serve does here."""
-    logging_file = tmp / "kserve-logging.json"
-    logging_file.write_text(json.dumps(KSERVE_LOGGING))
+    warnings only (:data:`benchmarks.kserve_runtime.LOGGING`), as dbf-serve does here."""
 
     def argv(port: int) -> list[str]:
         return [
             sys.executable, "-m", "benchmarks.kserve_runtime", "--model-dir", str(model_dir),
             "--http_port", str(port), "--grpc_port", str(grpc_port), "--enable_latency_logging", "false",
-            "--log_config_file", str(logging_file),
             *([] if workers is None else ["--workers", str(workers)]),
         ]  # fmt: skip
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from pathlib import Path
 
 import httpx
@@ -33,6 +36,50 @@ def test_kserves_peer_logs_no_line_per_request_as_dbf_serve_logs_none(tmp_path, 
     assert "/infer" not in out + err
     assert "kserve.trace" not in out + err
     assert "ModelInfer" not in out + err
+
+
+def test_kserves_restarted_worker_processes_log_no_line_per_request_either(tmp_path, capfd):
+    """With ``--workers``, KServe starts a REST worker process again when one misses a heartbeat (a busy
+    machine's start did), and gives the new one no ``--log_config_file``: it logged every request at INFO."""
+    directory = ROOT / "models" / "handwritten"
+    server, _ = peers._peer("kserve", None, directory, tmp_path, 2)
+    body = v2_json_body(directory, 1)
+    with server as url:
+        workers = _rest_workers(server.proc.pid)
+        assert len(workers) == 2
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while not (len(_rest_workers(server.proc.pid) - workers) == 2 and _ready(url)):
+            assert time.monotonic() < deadline, "KServe started no new worker processes"
+            time.sleep(0.5)
+        capfd.readouterr()  # what they wrote while starting
+        for _ in range(4):
+            peers._check_rest(f"{url}/v2/models/handwritten/infer", body)
+    out, err = capfd.readouterr()
+    assert "/infer" not in out + err
+    assert "kserve.trace" not in out + err
+
+
+def _rest_workers(parent: int) -> set[int]:
+    """The worker processes KServe's ``parent`` has spawned (not multiprocessing's resource tracker)."""
+    workers = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            command = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError):  # gone meanwhile
+            continue
+        if ppid == parent and b"spawn_main" in command and b"resource_tracker" not in command:
+            workers.add(int(stat.parent.name))
+    return workers
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/v2/models/handwritten/ready", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 def test_mlserver_runs_with_its_adaptive_batching_too_as_dbf_serve_micro_batches_by_default(tmp_path):
