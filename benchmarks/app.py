@@ -2,8 +2,8 @@
 concurrent clients in one event loop, against the yardstick (:mod:`benchmarks.yardstick`) called the same
 way, in one run. Where ``benchmarks.service`` measures what users get, this isolates what the app spends
 (routing, dependencies, parsing, micro-batching, fusion, rendering) from uvicorn and wrk, and ``--profile``
-says where: the event loop's functions by own time (cProfile sees that thread only; the heads and fusion
-run in worker threads and show as waiting).
+says where: the event loop's functions by own time (cProfile sees that thread only: small batches' heads
+and fusion run on it and show, a batch run on the inference threads, a large one, shows as waiting).
 
     python -m benchmarks.app [--samples 1] [--concurrency 16] [--requests 8000] [--profile]
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging.config
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,23 @@ from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer
 from kserve.utils.utils import generate_uuid
 
 from benchmarks.peer_model import PeerModel
+
+# KServe's own logging configuration logs every REST request at INFO three times over (uvicorn's access
+# line, its timing middleware's wall and CPU lines, which --enable_latency_logging leaves on) and every gRPC
+# call once (its logging interceptor); dbf-serve runs at --log-level warning beside it (benchmarks.peers).
+# Set at import, before KServe configures anything (it then keeps a configuration it finds), so that it holds
+# in every process: KServe's REST worker processes (--workers) import this module first, and one it starts
+# again after a missed heartbeat is given no --log_config_file (kserve 0.21), so took KServe's INFO levels.
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr"}},
+    "loggers": {
+        name: {"handlers": ["stderr"], "level": "WARNING", "propagate": False}
+        for name in ("kserve", "kserve.trace", "uvicorn", "uvicorn.access")
+    },
+}
+logging.config.dictConfig(LOGGING)
 
 _DATATYPES = {"float32": "FP32", "int64": "INT64", "bool": "BOOL"}
 

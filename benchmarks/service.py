@@ -156,7 +156,7 @@ def main() -> None:
             f"{args.repeat} runs of {args.seconds} s, yardstick and service alternated"
         )
     print(f"# {os.cpu_count()} cores; ratio = service / {baseline} (grpc cases: gRPC / REST binary tensors)")
-    header = f"{'case':<20}{'samples':>8}{'conc':>5} {'server':<10}{'req/s':>9}{'samples/s':>11}"
+    header = f"{'case':<20}{'samples':>8}{'conc':>5} {'server':<18}{'req/s':>9}{'samples/s':>11}"
     print(header + f"{'p50 ms':>9}{'p99 ms':>9}{'ratio':>7}  notes")
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "post.lua"
@@ -179,25 +179,37 @@ def main() -> None:
                 paired(case, manifest, args, json_path, body, headers, script)
                 continue
             yardstick_runs, service_runs, provider = [], [], ""
-            for _ in range(args.repeat):  # alternated, so that a noisy neighbour hits both alike
-                if not args.no_yardstick:  # the same samples as JSON: the yardstick has no binary path
-                    with Server(["uvicorn", "benchmarks.yardstick:app"], {}) as url:
-                        json_headers = {"Content-Type": "application/json"}
-                        yardstick_runs.append(
-                            wrk_load(url + "/predict", json_path, json_headers, case, args.seconds, script)
+            sides = ["service"] if args.no_yardstick else ["yardstick", "service"]
+            for repeat in range(args.repeat):  # alternated, so that a noisy neighbour hits both alike
+                for side in alternated(sides, repeat):
+                    if side == "yardstick":  # the same samples as JSON: the yardstick has no binary path
+                        with Server(["uvicorn", "benchmarks.yardstick:app"], {}) as url:
+                            json_headers = {"Content-Type": "application/json"}
+                            yardstick_runs.append(
+                                wrk_load(
+                                    url + "/predict", json_path, json_headers, case, args.seconds, script
+                                )
+                            )
+                        continue
+                    command = ["service", "--model-dir", str(args.model_dir)]
+                    with Server(command, dict(case.server_env)) as url:
+                        placement = httpx.get(url + "/v1/models").json()["models"][0]["placement"]
+                        provider = ", ".join(
+                            f"{b['provider']} {b['from_samples']}-{b['to_samples'] or ''}"
+                            for b in placement["batches"]
                         )
-                with Server(["service", "--model-dir", str(args.model_dir)], dict(case.server_env)) as url:
-                    placement = httpx.get(url + "/v1/models").json()["models"][0]["placement"]
-                    provider = ", ".join(
-                        f"{b['provider']} {b['from_samples']}-{b['to_samples'] or ''}"
-                        for b in placement["batches"]
-                    )
-                    path = case.path.format(model=manifest.name)
-                    service_runs.append(wrk_load(url + path, body, headers, case, args.seconds, script))
+                        path = case.path.format(model=manifest.name)
+                        service_runs.append(wrk_load(url + path, body, headers, case, args.seconds, script))
             baseline = median(yardstick_runs) if yardstick_runs else None
             if baseline:
                 print_row(case, "yardstick", baseline, None, "")
             print_row(case, "service", median(service_runs), baseline, provider)
+
+
+def alternated(sides: list[str], repeat: int) -> list[str]:
+    """The order the ``sides`` run in, in the ``repeat``-th round: as given, reversed every other round, so
+    that none always runs first or last."""
+    return sides if repeat % 2 == 0 else sides[::-1]
 
 
 def paired(case: Case, manifest: Manifest, args, json_path: Path, body: Path, headers, script: Path) -> None:
@@ -285,14 +297,14 @@ def grpc_frame(message: bytes) -> bytes:
     return b"\0" + len(message).to_bytes(4, "big") + message
 
 
-def check_grpc(address: str, framed: bytes) -> None:
+def check_grpc(address: str, framed: bytes) -> bytes:
     """One ModelInfer with the body h2load will send, by a gRPC client: it must succeed (h2load cannot
-    tell: a gRPC error is HTTP 200)."""
+    tell: a gRPC error is HTTP 200). Returns the answer (a serialised ModelInferResponse)."""
     import grpc
 
     with grpc.insecure_channel(address) as channel:
         infer = channel.unary_unary(GRPC_INFER)  # bytes in, bytes out
-        infer(framed[5:], timeout=30)  # raises on any status but OK
+        return infer(framed[5:], timeout=30)  # raises on any status but OK
 
 
 def h2load_load(url: str, body: Path, case: Case, seconds: int) -> Load:
@@ -354,7 +366,7 @@ def print_row(
     if load.non_2xx or load.errors:
         notes += f" non-2xx {load.non_2xx} {load.errors}".rstrip()
     print(
-        f"{case.name:<20}{case.samples:>8}{case.concurrency:>5} {server:<10}{load.requests_per_s:>9.1f}"
+        f"{case.name:<20}{case.samples:>8}{case.concurrency:>5} {server:<18}{load.requests_per_s:>9.1f}"
         f"{load.requests_per_s * case.samples:>11.0f}{load.p50_ms:>9.2f}{load.p99_ms:>9.2f}{shown}  {notes}",
         flush=True,
     )
