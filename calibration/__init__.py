@@ -59,6 +59,7 @@ from calibration.folds import cross_validation_folds
 from calibration.model import ModelCalibration
 from calibration.reliability import (
     ReliabilityDiagram,
+    ece_gap_low,
     ece_noise,
     expected_calibration_error,
     reliability_diagram,
@@ -100,6 +101,7 @@ __all__ = [
     # reliability and folds
     "ReliabilityDiagram",
     "cross_validation_folds",
+    "ece_gap_low",
     "ece_noise",
     "expected_calibration_error",
     "reliability_diagram",

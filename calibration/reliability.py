@@ -126,4 +126,50 @@ def ece_noise(confidence: npt.ArrayLike, /, *, bins: int = 15, draws: int = 1000
     return float(np.quantile(values, 0.95))
 
 
-__all__ = ["ReliabilityDiagram", "ece_noise", "expected_calibration_error", "reliability_diagram"]
+def ece_gap_low(
+    confidence: npt.ArrayLike,
+    other: npt.ArrayLike,
+    correct: npt.ArrayLike,
+    /,
+    *,
+    bins: int = 15,
+    draws: int = 1000,
+    seed: int = 0,
+) -> float:
+    """The 5th percentile of ``ECE(confidence) - ECE(other)`` over ``draws`` paired bootstrap resamples of
+    the N samples (each a confidence (N,) for the same ``correct`` (N,)): above 0, ``confidence`` is less
+    calibrated than ``other`` beyond sampling noise; at or below it, the samples cannot tell which is.
+
+    Each ECE alone can be beyond :func:`ece_noise` while their gap is not: on 29 test samples a probe's
+    calibrated confidence scored 0.234 against the raw probability's 0.156, and on 20,000 new samples
+    0.127 against 0.281.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> correct = rng.random(2000) < 0.7
+    >>> ece_gap_low(np.full(2000, 0.99), np.full(2000, 0.7), correct) > 0.2
+    True
+    >>> ece_gap_low(np.full(30, 0.75), np.full(30, 0.7), correct[:30]) > 0
+    False
+    """
+    confidence, other = np.asarray(confidence, np.float64), np.asarray(other, np.float64)
+    correct = np.asarray(correct, bool)
+    rng = np.random.default_rng(seed)
+    gaps = []
+    for _ in range(draws):
+        rows = rng.integers(0, correct.size, correct.size)
+        gaps.append(
+            expected_calibration_error(confidence[rows], correct[rows], bins=bins)
+            - expected_calibration_error(other[rows], correct[rows], bins=bins)
+        )
+    return float(np.quantile(gaps, 0.05))
+
+
+__all__ = [
+    "ReliabilityDiagram",
+    "ece_gap_low",
+    "ece_noise",
+    "expected_calibration_error",
+    "reliability_diagram",
+]

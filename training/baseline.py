@@ -90,6 +90,9 @@ class Comparison:
     # The fused model on the test samples some view is fused for (None: all of them): what its views are
     # compared with (a sample whose every view is out of range is fused from none, whatever the heads).
     fused_from_views: Rate | None = None
+    # How the training weighed each class's samples (``TrainConfig.class_weighting``): advice names only
+    # weightings not already used.
+    class_weighting: str = "none"
 
     @property
     def best_view(self) -> str:
@@ -220,9 +223,15 @@ class Comparison:
         more = f" and {len(neglected) - _NEGLECTED_SHOWN} more" if len(neglected) > _NEGLECTED_SHOWN else ""
         sizes = [rate.total for rate in self.classes.values() if rate.total]
         rarer = np.mean([rate.total for _, rate in neglected]) < np.mean(sizes)
+        weighting = (
+            "more samples of these, or `--hidden` for heads that fit more, may help (each class's samples "
+            "already weigh as much in all)"
+            if self.class_weighting == "balanced"
+            else "more samples of these, `--class-weighting balanced` to weigh each class's samples as much "
+            "in all, or `--hidden` for heads that fit more, may help"
+        )
         why = (
-            "it favours the commonest classes; more samples of these, `--class-weighting balanced` to weigh "
-            "each class's samples as much in all, or `--hidden` for heads that fit more, may help"
+            f"it favours the commonest classes; {weighting}"
             if rarer
             else "they are no rarer than the others, but harder to tell apart with these views: more samples "
             "of them, or `--hidden` for heads that fit more, may help"
@@ -244,11 +253,17 @@ def _no_better(accuracy: float, commonest: float) -> str:
 
 
 def compare(
-    test: FusedSplit, view_names: Sequence[str], baseline: Baseline, *, class_names: Sequence[str]
+    test: FusedSplit,
+    view_names: Sequence[str],
+    baseline: Baseline,
+    *,
+    class_names: Sequence[str],
+    class_weighting: str = "none",
 ) -> Comparison:
     """The fused model and each of its views' heads alone on the test split ``test`` (fused by
     :meth:`FusedSplit.of_evidence`, which keeps the views' opinions), against ``baseline``; and how often
-    the fused model is right on each class."""
+    the fused model is right on each class. ``class_weighting``: how the heads' training weighed each
+    class's samples."""
     fused, views = accuracies(test, view_names)
     present = np.ones((test.labels.size, len(view_names)), bool) if test.present is None else test.present
     from_views, _ = accuracies(test, view_names, from_views=True)
@@ -265,6 +280,7 @@ def compare(
         commonest=commonest,
         classes=classes,
         fused_from_views=from_views,
+        class_weighting=class_weighting,
     )
 
 

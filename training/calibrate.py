@@ -45,6 +45,7 @@ from calibration import (
     calibration_scores,
     choose_score,
     conformal_rank,
+    ece_gap_low,
     ece_noise,
     expected_calibration_error,
     fit_confidence,
@@ -344,19 +345,31 @@ def confidence_noise(calibration: Calibration, split: FusedSplit) -> float:
     return ece_noise(calibration.applied().confidence(split.clean.belief, split.clean.uncertainty))
 
 
-def confidence_warnings(calibration: Calibration, *, noise: float) -> list[str]:
+def confidence_gap_low(calibration: Calibration, split: FusedSplit) -> float:
+    """How much less calibrated the served ``confidence`` is than the projected probability on ``split``'s
+    clean samples, at least, 19 times in 20 (:func:`calibration.ece_gap_low`, their ECE's gap over paired
+    resamples): at or below 0, the split cannot tell which of the two is better calibrated."""
+    b, u, y = _arrays(split)
+    confidence = calibration.applied().confidence(b, u)
+    return ece_gap_low(confidence, top_probability(b, u), b.argmax(axis=1) == y)
+
+
+def confidence_warnings(calibration: Calibration, *, noise: float, gap_low: float) -> list[str]:
     """Where the served ``confidence`` is less calibrated on the test split than the projected probability
-    it was fitted to improve, beyond ``noise`` (:func:`confidence_noise`): its calibrator did not carry over.
-    An audit's fit had ECE 0.173 against 0.098, noise up to 0.144, and its card said the figures only."""
+    it was fitted to improve, beyond ``noise`` (:func:`confidence_noise`) and by a gap beyond chance
+    (``gap_low`` above 0, :func:`confidence_gap_low`): its calibrator did not carry over.
+    An audit's fit had ECE 0.173 against 0.098, noise up to 0.144, and its card said the figures only. A
+    probe's had 0.234 against 0.156 on 29 test samples, a gap the samples could not tell from chance, and
+    on 20,000 new ones 0.127 against 0.281: the warning's advice, to read the probability, was wrong."""
     figures = calibration.test
-    if figures is None or figures.ece_confidence <= max(figures.ece_projected, noise):
+    if figures is None or figures.ece_confidence <= max(figures.ece_projected, noise) or gap_low <= 0:
         return []
     return [
         f"the served `confidence` ({calibration.confidence.kind}) has ECE {figures.ece_confidence:.3f} on "
         f"the {figures.samples} clean test samples, above the projected probability's "
-        f"{figures.ece_projected:.3f} and above what sampling noise explains there ({noise:.3f}): its "
-        "calibrator did not carry over to new data; until a fit on more data calibrates it, read the "
-        "answers' `probability`"
+        f"{figures.ece_projected:.3f} (by at least {gap_low:.3f}, 19 times in 20) and above what sampling "
+        f"noise explains there ({noise:.3f}): its calibrator did not carry over to new data; until a fit "
+        "on more data calibrates it, read the answers' `probability`"
     ]
 
 

@@ -442,7 +442,13 @@ def _evaluate(
     view's head alone and with a plain model of all views (:mod:`training.baseline`)."""
     test = _fused(heads, sets.test, sets.conflictive["test"], config=config)
     baseline = fit_baseline(sets, num_classes=data.num_classes, seed=seed)
-    comparison = compare(test, data.view_names, baseline, class_names=data.class_names)
+    comparison = compare(
+        test,
+        data.view_names,
+        baseline,
+        class_names=data.class_names,
+        class_weighting=config.class_weighting,
+    )
     evaluation = measure(test)
     metrics = Metrics(
         acc_normal=evaluation.acc_normal,

@@ -13,7 +13,13 @@ import numpy as np
 from manifest import Calibration, FusionDefaults, Manifest, Metrics, OutOfRange, ViewEntry
 from training.architecture import HeadChoice, Outvoted
 from training.baseline import Comparison
-from training.calibrate import FusedSplit, PostHoc, confidence_noise, confidence_warnings
+from training.calibrate import (
+    FusedSplit,
+    PostHoc,
+    confidence_gap_low,
+    confidence_noise,
+    confidence_warnings,
+)
 from training.crossfit import CrossFitted
 from training.data import MultiViewData
 from training.evaluate import Evaluation
@@ -98,7 +104,11 @@ class FitReport:
             + self.post_hoc.warnings()
             + flag
             + agreement
-            + confidence_warnings(self.calibration, noise=self.confidence_noise)
+            + confidence_warnings(
+                self.calibration,
+                noise=self.confidence_noise,
+                gap_low=confidence_gap_low(self.calibration, self.test),
+            )
             + self._copies()
             + self._duplicated_views()
             + folds

@@ -876,30 +876,57 @@ def _post_hoc():
 
 
 @pytest.mark.parametrize(
-    ("confidence", "projected", "warned"),
-    [(0.173, 0.098, True), (0.130, 0.098, False), (0.173, 0.200, False)],
-    ids=["worse than both", "within noise", "better than projected"],
+    ("confidence", "projected", "gap_low", "warned"),
+    [
+        (0.173, 0.098, 0.02, True),
+        (0.130, 0.098, 0.02, False),
+        (0.173, 0.200, -0.05, False),
+        (0.234, 0.156, -0.12, False),
+    ],
+    ids=["worse than both", "within noise", "better than projected", "gap within chance"],
 )
 def test_a_confidence_calibrated_worse_than_the_raw_probability_beyond_noise_is_warned_about(
-    confidence, projected, warned
+    confidence, projected, gap_low, warned
 ):
     """An audit's fit served a `confidence` of ECE 0.173 on its test samples, where the projected
     probability it was fitted to improve had 0.098 and noise explains up to 0.144: the card gave the three
-    figures and said nothing. Worse than both is warned about; within noise, or better than the
-    probability, is not."""
+    figures and said nothing. Worse than both, by a gap beyond chance, is warned about; within noise,
+    better than the probability, or worse by a gap the test samples cannot tell from chance, is not."""
     from training.calibrate import confidence_warnings
 
     section = Manifest.model_validate_json(
         (Path(__file__).resolve().parents[2] / "models" / "handwritten" / "manifest.json").read_text()
     ).calibration
     figures = section.test.model_copy(update={"ece_confidence": confidence, "ece_projected": projected})
-    notes = confidence_warnings(section.model_copy(update={"test": figures}), noise=0.144)
+    notes = confidence_warnings(section.model_copy(update={"test": figures}), noise=0.144, gap_low=gap_low)
     said = (
         f"the served `confidence` (isotonic) has ECE {confidence:.3f} on the {figures.samples} clean test "
-        f"samples, above the projected probability's {projected:.3f} and above what sampling noise explains "
-        "there (0.144): its calibrator did not carry over"
+        f"samples, above the projected probability's {projected:.3f} (by at least {gap_low:.3f}, 19 times in "
+        "20) and above what sampling noise explains there (0.144): its calibrator did not carry over"
     )
     assert [said in note for note in notes] == ([True] if warned else [])
+
+
+def test_a_confidence_gap_the_test_samples_cannot_tell_from_chance_is_not_called_worse():
+    """A probe's fit (150 samples, 4 classes, three weak views) warned that its `confidence` had ECE 0.234
+    on its 29 test samples against the projected probability's 0.156, beyond noise (0.219), and told the
+    user to read `probability` instead; on 20,000 new samples of the same distribution, `confidence` had
+    ECE 0.127 and the probability 0.281. These are its test samples, as served: a paired bootstrap finds
+    the gap within chance."""
+    from calibration import ece_gap_low, ece_noise, expected_calibration_error
+
+    confidence = [0.8889, 0.7333, 0.7333, 0.7333, 0.3462, 0.2222, 0.3, 0.7333, 0.7333, 0.8889, 0.7333, 0.3]
+    confidence += [0.3801, 0.3, 0.9918, 0.9918, 0.3462, 0.7333, 0.9091, 0.0082, 0.3462, 0.3462, 0.7333]
+    confidence += [0.7333, 0.0082, 0.4486, 0.0082, 0.8249, 0.3]
+    projected = [0.3369, 0.3145, 0.2973, 0.3002, 0.2828, 0.2713, 0.2729, 0.3091, 0.3223, 0.3291, 0.3046]
+    projected += [0.2739, 0.2942, 0.2766, 0.4837, 0.536, 0.284, 0.3285, 0.3579, 0.2641, 0.3014, 0.2776]
+    projected += [0.3123, 0.3311, 0.2635, 0.2889, 0.2648, 0.3157, 0.275]
+    correct = np.array(
+        [1, 0, 1, 0, 0, 1, 0, 1, 1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 1, 0, 0, 0, 1, 0, 0, 1, 0, 1, 1], bool
+    )
+    ece_confidence = expected_calibration_error(confidence, correct)
+    assert ece_confidence > max(expected_calibration_error(projected, correct), ece_noise(confidence))
+    assert ece_gap_low(confidence, projected, correct) <= 0
 
 
 def test_a_tiny_flag_threshold_is_shown_as_it_is_not_as_zero():
@@ -994,6 +1021,28 @@ def test_a_model_answering_the_commonest_class_is_warned_about():
         in note
         for note in notes
     )
+
+
+def test_classes_neglected_under_balanced_weighting_are_not_told_to_use_it():
+    """A probe's 10:1:1 data (1,000 samples, two views) fitted with `--class-weighting balanced`: the fused
+    model was right on 31.2% of the 16 test samples of its rarest class, and the warning told the user to
+    try `--class-weighting balanced`, the weighting the fit had used. Other weightings are still told."""
+    from dataclasses import replace
+
+    comparison = _comparison((396, 400), {"common": (390, 390), "rare": (6, 10)})
+    [balanced] = [
+        note
+        for note in replace(comparison, class_weighting="balanced").warnings()
+        if "far less often" in note
+    ]
+    assert "it favours the commonest classes" in balanced
+    assert "--class-weighting balanced" not in balanced
+    assert "already weigh as much in all" in balanced
+    for weighting in ("none", "sqrt"):
+        [note] = [
+            note for note in replace(comparison, class_weighting=weighting).warnings() if "far less" in note
+        ]
+        assert "`--class-weighting balanced` to weigh each class's samples as much in all" in note
 
 
 def test_a_rate_measured_above_the_commonest_class_is_not_called_no_better_than_it():
