@@ -658,12 +658,16 @@ def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray
                 if width is None and lengths.size:
                     width = int(lengths[0])
                     _check_width(width, where=f"{where} row {start + int(np.flatnonzero(valid)[0])}")
-                wrong = np.flatnonzero(lengths != width) if lengths.size else lengths
-                if wrong.size or width == 0:
-                    at = int(wrong[0]) if wrong.size else 0
+                # An empty list where the width is set too: the first such row, not the first row unlike it.
+                wrong = np.flatnonzero((lengths != width) | (lengths == 0)) if lengths.size else lengths
+                if wrong.size:
+                    at = int(wrong[0])
                     row = start + int(np.flatnonzero(valid)[at])
-                    if width == 0:
-                        raise DataError(f"{where} row {row}: an empty list; a view needs a feature per row")
+                    if lengths[at] == 0:  # what a missing view is often written as: say what it is instead
+                        raise DataError(
+                            f"{where} row {row}: an empty list; a view needs a feature per row, and a "
+                            "missing view is a null (None in pandas), not an empty list"
+                        )
                     raise DataError(
                         f"{where} row {row}: {int(lengths[at])} numbers, where earlier rows have {width}"
                     )

@@ -448,3 +448,19 @@ def test_a_constant_parquet_column_is_refused(tmp_path):
     pq.write_table(table, tmp_path / "d.parquet")
     with pytest.raises(DataError, match=r"column 'sensor'.*a constant view"):
         load(tmp_path / "d.parquet")
+
+
+@pytest.mark.parametrize("empty_rows", [[0], [0, 7], [5]])
+def test_an_empty_list_in_a_parquet_view_is_refused_naming_its_row(empty_rows, tmp_path):
+    """An empty list in the first row was named as the row after it (row 1 for row 0), and the error did not
+    say that a missing view is a null, what pandas users writing ``[]`` for one meant."""
+    views, labels = dataset()
+    rows = [[] if row in empty_rows else values.tolist() for row, values in enumerate(views["text"])]
+    table = pa.table({"label": labels, "image": list_column(views["image"]), "text": pa.array(rows)})
+    pq.write_table(table, tmp_path / "d.parquet")
+    with pytest.raises(DataError) as caught:
+        load(tmp_path / "d.parquet")
+    assert str(caught.value) == (
+        f"{tmp_path / 'd.parquet'} column 'text' row {empty_rows[0]}: an empty list; a view needs a feature "
+        "per row, and a missing view is a null (None in pandas), not an empty list"
+    )
