@@ -310,6 +310,13 @@ def read_npy_directory(
             "its arrays as <view>.npy (np.load it, then np.save each), or move it out of the directory, or "
             "name the views to fit with --views"
         )
+    if not any(directory.glob("*.npy")) and _parquet_parts(directory):
+        # A partitioned dataset (pandas' partition_cols, Spark, Dask): else "no labels.npy or labels.txt".
+        raise DataError(
+            f"{directory}: a directory of Parquet files (a partitioned dataset, as pandas' partition_cols, "
+            "Spark or Dask write it); fit reads one Parquet file, or a directory of .npy files: write it as "
+            "one file (e.g. pandas.read_parquet of the directory, then to_parquet to a file)"
+        )
     reserved = {label_column, *([split_column] if split_column else [])}
     labels = _text_or_npy(directory, label_column, role="labels")
     if labels is None:
@@ -347,6 +354,12 @@ def read_npy_directory(
         name=directory.resolve().name,
         source=str(directory),
     )
+
+
+def _parquet_parts(directory: Path) -> bool:
+    """Whether ``directory`` holds Parquet files, in it or in partitions' folders (``site=north/``)."""
+    patterns = ("*.parquet", "*.pq", "*=*/**/*.parquet", "*=*/**/*.pq")
+    return any(next(directory.glob(pattern), None) is not None for pattern in patterns)
 
 
 def _check_stem(stem: str, directory: Path, *, option: str, example: str) -> None:

@@ -464,3 +464,24 @@ def test_an_empty_list_in_a_parquet_view_is_refused_naming_its_row(empty_rows, t
         f"{tmp_path / 'd.parquet'} column 'text' row {empty_rows[0]}: an empty list; a view needs a feature "
         "per row, and a missing view is a null (None in pandas), not an empty list"
     )
+
+
+@pytest.mark.parametrize("partition", ["label", "site"])
+def test_a_partitioned_parquet_directory_is_refused_saying_to_write_one_file(partition, tmp_path, capsys):
+    """pandas' ``to_parquet(path, partition_cols=...)`` (Spark and Dask alike) writes a directory of Parquet
+    files, which fit took for a directory of .npy files: "no labels.npy or labels.txt"."""
+    views, labels = dataset()
+    frame = pd.DataFrame(
+        {"label": labels, "site": np.where(np.arange(60) % 2, "north", "south")}
+        | {name: list(matrix) for name, matrix in views.items()}
+    )
+    frame.to_parquet(tmp_path / "data.parquet", partition_cols=[partition])
+    error = refused(capsys, "--data", tmp_path / "data.parquet", "--out", tmp_path / "model")
+    assert error == (
+        f"error: {tmp_path / 'data.parquet'}: a directory of Parquet files (a partitioned dataset, as "
+        "pandas' partition_cols, Spark or Dask write it); fit reads one Parquet file, or a directory of .npy "
+        "files: write it as one file (e.g. pandas.read_parquet of the directory, then to_parquet to a file)\n"
+    )
+    merged = tmp_path / "merged.parquet"
+    pd.read_parquet(tmp_path / "data.parquet").to_parquet(merged)  # what the error says to do
+    assert load(merged, views=list(views)).class_names == tuple(sorted(set(labels)))
