@@ -1464,6 +1464,8 @@ def _typed(labels: Column) -> np.ndarray:
             )
         return values.astype(np.int64)
     if kind in "UT":  # T: StringDType, the labels of a .npy file of bytes, decoded
+        if kind == "U":  # numpy casts big-endian text ('>U', a big-endian machine's np.save) as code points
+            values = values.astype(values.dtype.newbyteorder("="))  # byte-swapped, refused as invalid
         return values.astype(_TEXT)
     if kind != "O":
         raise DataError(f"{where}: labels of dtype {values.dtype}; labels are integers or strings")

@@ -235,6 +235,20 @@ def test_byte_string_labels_are_read_as_utf8_text(data):
     assert load(data).class_names == ("cat", "dog", "éel")
 
 
+def test_big_endian_labels_and_views_read_as_their_native_twins(data):
+    """What np.save writes on a big-endian machine (or for an array of dtype '>U'): string labels ended
+    in a traceback, "TypeError: Invalid unicode code point found", numpy's cast of them to variable-width
+    text reading their bytes swapped."""
+    native = load(data)
+    for name in ("labels", "image"):
+        array = np.load(data / f"{name}.npy")
+        np.save(data / f"{name}.npy", array.astype(array.dtype.newbyteorder(">")))
+    swapped = load(data)
+    assert swapped.class_names == native.class_names == ("cat", "dog", "eel")
+    np.testing.assert_array_equal(swapped.labels, native.labels)
+    np.testing.assert_array_equal(swapped.views["image"], native.views["image"])
+
+
 def test_byte_string_labels_that_are_not_utf8_are_refused_naming_the_row(data, tmp_path, capsys):
     labels = np.char.encode(np.load(data / "labels.npy"), "utf-8").astype("S8")
     labels[5] = b"caf\xe9"  # Latin-1: numpy's own conversion ended in a UnicodeDecodeError's traceback
