@@ -1455,7 +1455,8 @@ def _typed(labels: Column) -> np.ndarray:
                 f"{where} row {row}: label {values[row].item()!r} is not a class (labels are integers or "
                 "strings)"
             )
-        inexact = np.abs(values) > _EXACT_FLOAT
+        # float64's bound, not the labels' type's: float16's overflows (a RuntimeWarning on fit's stderr).
+        inexact = np.abs(values) > np.float64(_EXACT_FLOAT)
         if inexact.any():  # beyond 2**53 neighbouring floats differ by 2 or more: not the integers meant
             row = int(np.argmax(inexact))
             raise DataError(

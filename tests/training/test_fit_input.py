@@ -5,6 +5,7 @@ label files), options out of range, and messages that say what is wrong."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -144,6 +145,16 @@ def test_uint64_labels_beyond_int64_keep_their_values(data):
     read = load(data)
     assert read.class_names == ("5", "9223372036854775808", "18446744073709551615")
     assert np.bincount(read.labels).tolist() == [20, 20, 20]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_whole_float_labels_of_any_width_are_read_without_a_warning(dtype, data):
+    """float16 labels were read right, but fit printed "RuntimeWarning: overflow encountered in cast":
+    2**53, the bound of exact integers, cast to float16 to compare."""
+    np.save(data / "labels.npy", np.repeat([1.0, 2.0, 3.0], 20).astype(dtype))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load(data).class_names == ("1", "2", "3")
 
 
 def test_float_labels_are_refused_where_not_exact_integers_and_quoted_plainly(data):
