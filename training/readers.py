@@ -31,6 +31,7 @@ values of a small spread, such as ``1e9 + x``) is refused. At most :data:`MAX_VI
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import os
 import re
@@ -498,7 +499,13 @@ def _lines(path: Path, *, directory: Path, role: str, keep_blank: bool = False) 
         instead=f"save the {role} as a .npy file of integers or strings",
     )
     try:
-        text = path.read_text(encoding="utf-8-sig")  # Windows' editors begin a file with a byte order mark
+        raw = path.read_bytes()
+        if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # else "byte 0 is not UTF-8"
+            raise DataError(
+                f"{path}: UTF-16 text (what Windows PowerShell's > and Notepad's 'Unicode' write); fit reads "
+                f"UTF-8: save the {role} as UTF-8 (PowerShell: Out-File -Encoding utf8)"
+            )
+        text = raw.decode("utf-8-sig")  # Windows' editors begin a file with a byte order mark
     except (OSError, UnicodeDecodeError) as error:
         raise DataError(f"{path}: not a readable text file of {role} ({_reason(error)})") from None
     # At line ends alone (\n, \r\n, \r), where an editor ends them: str.splitlines also splits at a form
@@ -506,6 +513,12 @@ def _lines(path: Path, *, directory: Path, role: str, keep_blank: bool = False) 
     lines = [line.strip() for line in re.split(r"\r\n|\r|\n", text)]
     while lines and not lines[-1]:  # an editor's blank lines at the end
         lines.pop()
+    nul = next((number for number, line in enumerate(lines, start=1) if "\x00" in line), None)
+    if nul is not None:  # before its lines are counted: UTF-16's last NUL is a line of its own
+        raise DataError(
+            f"{path} line {nul}: a NUL character (text saved as UTF-16?); fit reads UTF-8: save the {role} "
+            "as UTF-8"
+        )
     if not keep_blank:
         lines = [line for line in lines if line]
     return lines
@@ -1335,6 +1348,15 @@ def assemble(
 def _class_labels(labels: Column, classes: Sequence[str] | None) -> tuple[np.ndarray, tuple[str, ...]]:
     """Labels as class indices ``0 .. K-1`` and the class names (module notes)."""
     values = _typed(labels)
+    if values.dtype == _TEXT:
+        # UTF-16 text read as UTF-8 (no byte order mark) has a NUL beside every letter, and numpy's text
+        # compares strings that hold one as equal: '\0c\0a\0t' and '\0d\0o\0g' made one class.
+        nul = next((row for row, value in enumerate(values.tolist()) if "\x00" in value), None)
+        if nul is not None:
+            raise DataError(
+                f"{labels.at(nul)}: label {str(values[nul])[:40]!a} holds a NUL character (text saved as "
+                "UTF-16?); labels are text without NULs: save them as UTF-8"
+            )
     if values.dtype == _TEXT:  # what pandas and spreadsheets write for a missing label, not a class
         blank = np.strings.strip(values) == ""
         if blank.any():

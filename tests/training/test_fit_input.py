@@ -510,3 +510,36 @@ def test_a_partitioned_parquet_directory_is_refused_saying_to_write_one_file(par
     merged = tmp_path / "merged.parquet"
     pd.read_parquet(tmp_path / "data.parquet").to_parquet(merged)  # what the error says to do
     assert load(merged, views=list(views)).class_names == tuple(sorted(set(labels)))
+
+
+def test_utf16_labels_txt_is_refused_saying_to_save_it_as_utf8(data, tmp_path, capsys):
+    """What Windows PowerShell's ``>`` writes: "byte 0 is not UTF-8" said nothing of UTF-16 or what to do."""
+    labels = np.load(data / "labels.npy").tolist()
+    with_labels_txt(data, "\n".join(labels).encode("utf-16"))
+    error = refused(capsys, "--data", data, "--out", tmp_path / "model")
+    assert error == (
+        f"error: {data / 'labels.txt'}: UTF-16 text (what Windows PowerShell's > and Notepad's 'Unicode' "
+        "write); fit reads UTF-8: save the labels as UTF-8 (PowerShell: Out-File -Encoding utf8)\n"
+    )
+
+
+def test_utf16_labels_without_a_byte_order_mark_are_refused_not_merged(data):
+    """Read as UTF-8, UTF-16 text has a NUL beside every letter, and numpy's variable-width text compares
+    strings holding one as equal: '\\0c\\0a\\0t\\0' and '\\0d\\0o\\0g\\0' were one class, in silence (two
+    classes of three, every cat a dog or every dog a cat)."""
+    labels = np.load(data / "labels.npy").tolist()
+    with_labels_txt(data, "\n".join(labels).encode("utf-16-le"))
+    with pytest.raises(DataError) as caught:
+        load(data)
+    assert str(caught.value) == (
+        f"{data / 'labels.txt'} line 1: a NUL character (text saved as UTF-16?); fit reads UTF-8: save the "
+        "labels as UTF-8"
+    )
+    (data / "labels.txt").unlink()
+    np.save(data / "labels.npy", np.array([chr(0) + label for label in labels]))  # a NUL first, as UTF-16 BE
+    with pytest.raises(DataError) as caught:
+        load(data)
+    assert str(caught.value) == (
+        f"{data / 'labels.npy'} row 0: label {chr(0) + labels[0]!a} holds a NUL character (text saved as "
+        "UTF-16?); labels are text without NULs: save them as UTF-8"
+    )
