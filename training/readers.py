@@ -1283,7 +1283,13 @@ def _check_rows(views: dict[str, Column], labels: Column) -> None:
     for column in views.values():
         rows = column.values.shape[0]
         if rows != count:
-            raise DataError(f"{column.where} has {rows} rows but {labels.where} has {count} labels")
+            header = ""
+            if isinstance(labels.values, list) and count == rows + 1:  # pandas' to_csv writes a header
+                header = (
+                    f"; is its line 1 ({labels.values[0][:40]!r}) a header? it holds the labels alone, one a "
+                    "line (pandas: to_csv(path, index=False, header=False))"
+                )
+            raise DataError(f"{column.where} has {rows} rows but {labels.where} has {count} labels{header}")
 
 
 def assemble(

@@ -543,3 +543,16 @@ def test_utf16_labels_without_a_byte_order_mark_are_refused_not_merged(data):
         f"{data / 'labels.npy'} row 0: label {chr(0) + labels[0]!a} holds a NUL character (text saved as "
         "UTF-16?); labels are text without NULs: save them as UTF-8"
     )
+
+
+def test_a_header_line_in_labels_txt_is_suggested_as_why_it_has_a_label_too_many(data, tmp_path, capsys):
+    """pandas' ``labels.to_csv("labels.txt", index=False)`` writes the column's name first: the error said
+    only that labels.txt had 61 labels for 60 rows, not which line was one too many."""
+    pd.Series(np.load(data / "labels.npy"), name="species").to_csv(data / "labels.txt", index=False)
+    (data / "labels.npy").unlink()
+    error = refused(capsys, "--data", data, "--out", tmp_path / "model")
+    assert error == (
+        f"error: {data / 'image.npy'} has 60 rows but {data / 'labels.txt'} has 61 labels; is its line 1 "
+        "('species') a header? it holds the labels alone, one a line (pandas: to_csv(path, index=False, "
+        "header=False))\n"
+    )
