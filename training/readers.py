@@ -653,6 +653,12 @@ def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray
     if flags:  # read as 0 and 1, which the service takes; a null among them is a missing number's NaN
         item = pa.float32()
     if not (pa.types.is_integer(item) or pa.types.is_floating(item)):
+        if _nested_numbers(kind):  # an image or a sequence per row (pyarrow's tensors too): numbers, not flat
+            raise DataError(
+                f"{where}: type {kind} nests its numbers (an image or a sequence per row?); a view holds one "
+                "flat list of numbers per row: write each row's numbers as one list (a .npy view's reshape "
+                "to (N, -1)), or name the views to fit with --views to leave it out"
+            )
         raise DataError(
             f"{where}: type {kind} is not numeric; a view holds a list of numbers per row (every column but "
             "the label and split columns is a view: name the views with --views to leave it out)"
@@ -718,6 +724,22 @@ def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray
         rounding.check(where)
     _check_varies(out, where=where)
     return out
+
+
+def _nested_numbers(kind) -> bool:
+    """Whether an Arrow type is numbers in lists of lists, or in an extension type (a tensor per row)."""
+    import pyarrow as pa
+
+    depth = 0
+    while True:
+        if isinstance(kind, pa.BaseExtensionType):  # pyarrow's own tensors are not pa.ExtensionType
+            kind, depth = kind.storage_type, depth + 1
+        elif pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+            kind, depth = kind.value_type, depth + 1
+        else:
+            break
+    numeric = pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
+    return numeric and depth >= 2
 
 
 def _rows_unlike_metadata(where: str, rows: str, declared: int) -> None:

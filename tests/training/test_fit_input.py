@@ -556,3 +556,26 @@ def test_a_header_line_in_labels_txt_is_suggested_as_why_it_has_a_label_too_many
         "('species') a header? it holds the labels alone, one a line (pandas: to_csv(path, index=False, "
         "header=False))\n"
     )
+
+
+@pytest.mark.parametrize("nesting", ["lists of lists", "tensors"])
+def test_a_parquet_view_of_nested_numbers_is_told_to_flatten_them(nesting, tmp_path):
+    """An image per row, as lists of lists or pyarrow's tensor type: "is not numeric", of numbers, where a
+    3-D .npy view is told to reshape to (N, -1)."""
+    views, labels = dataset()
+    images = views["image"][:, :4].reshape(-1, 2, 2)
+    if nesting == "tensors":
+        column = pa.FixedShapeTensorArray.from_numpy_ndarray(images)
+    else:
+        column = pa.array(images.tolist())
+    table = pa.table({"label": labels, "image": column, "text": list_column(views["text"])})
+    pq.write_table(table, tmp_path / "d.parquet")
+    with pytest.raises(DataError) as caught:
+        load(tmp_path / "d.parquet")
+    stored = pq.read_schema(tmp_path / "d.parquet").field("image").type
+    assert str(caught.value) == (
+        f"{tmp_path / 'd.parquet'} column 'image': type {stored} nests its numbers "
+        "(an image or a sequence per row?); a view holds one flat list of numbers per row: write each row's "
+        "numbers as one list (a .npy view's reshape to (N, -1)), or name the views to fit with --views to "
+        "leave it out"
+    )
