@@ -1526,6 +1526,8 @@ def _typed(labels: Column) -> np.ndarray:
             raise DataError(f"{where} row {row}: label missing (None, NaN or null)")
         if isinstance(value, str):
             kinds.setdefault("string", row)
+        elif isinstance(value, bytes):  # a Parquet binary column, what pandas writes for labels of bytes
+            kinds.setdefault("bytes", row)
         elif isinstance(value, (int, np.integer)) and not isinstance(value, bool):
             kinds.setdefault("integer", row)
         else:
@@ -1544,6 +1546,14 @@ def _typed(labels: Column) -> np.ndarray:
                 "labels as strings"
             )
         return values.astype(np.int64)
+    if "bytes" in kinds:  # as a .npy file's byte strings are: UTF-8 text
+        text = []
+        for row, value in enumerate(values.tolist()):
+            try:
+                text.append(value.decode("utf-8"))
+            except UnicodeDecodeError as error:
+                raise DataError(f"{where} row {row}: {_reason(error)}; save text as UTF-8") from None
+        return np.array(text, dtype=_TEXT)
     return values.astype(_TEXT)
 
 

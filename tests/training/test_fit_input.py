@@ -579,3 +579,23 @@ def test_a_parquet_view_of_nested_numbers_is_told_to_flatten_them(nesting, tmp_p
         "numbers as one list (a .npy view's reshape to (N, -1)), or name the views to fit with --views to "
         "leave it out"
     )
+
+
+def test_byte_string_labels_of_a_parquet_file_are_read_as_utf8_text_as_a_npy_files_are(tmp_path):
+    """Labels of bytes (as h5py reads strings) that pandas wrote to Parquet, a binary column, were refused,
+    "label b'cat' of type bytes; labels are integers or strings", where a .npy file of them is read."""
+    views, labels = dataset()
+    encoded = [label.replace("eel", "éel").encode() for label in labels]
+    frame = pd.DataFrame({"label": encoded} | {name: list(matrix) for name, matrix in views.items()})
+    frame.to_parquet(tmp_path / "d.parquet")
+    read = load(tmp_path / "d.parquet")
+    assert read.class_names == ("cat", "dog", "éel")
+    assert [read.class_names[code] for code in read.labels] == [label.decode() for label in encoded]
+    frame.loc[5, "label"] = b"caf\xe9"  # Latin-1
+    frame.to_parquet(tmp_path / "d.parquet")
+    with pytest.raises(DataError) as caught:
+        load(tmp_path / "d.parquet")
+    assert (
+        str(caught.value)
+        == f"{tmp_path / 'd.parquet'} column 'label' row 5: byte 3 is not UTF-8; save text as UTF-8"
+    )
