@@ -456,7 +456,12 @@ def _text_or_npy(directory: Path, stem: str, *, role: str) -> Column | None:
         )
         values = _load_npy(npy, directory=directory, mmap=False, instead=instead)
         if values.ndim != 1 and not (values.ndim == 2 and values.shape[1] == 1):
-            raise DataError(f"{npy}: shape {values.shape}; {role} are one value per sample, shape (N,)")
+            one_hot = ""
+            if role == "labels":  # Keras' to_categorical
+                one_hot = " (one-hot rows? save their argmax: np.argmax(labels, axis=1))"
+            raise DataError(
+                f"{npy}: shape {values.shape}; {role} are one value per sample, shape (N,){one_hot}"
+            )
         values = values.reshape(-1)
         return Column(_decoded(values, where=str(npy)) if values.dtype.kind == "S" else values, str(npy))
     if os.path.lexists(txt):
@@ -1531,9 +1536,11 @@ def _typed(labels: Column) -> np.ndarray:
         elif isinstance(value, (int, np.integer)) and not isinstance(value, bool):
             kinds.setdefault("integer", row)
         else:
+            # A list or array per row: Keras' to_categorical, or several labels a sample
+            one_hot = " (one-hot rows? save their argmax)" if isinstance(value, (list, np.ndarray)) else ""
             raise DataError(
                 f"{where} row {row}: label {value!r} of type {type(value).__name__}; "
-                "labels are integers or strings"
+                f"labels are integers or strings{one_hot}"
             )
     if len(kinds) > 1:
         rows = ", ".join(f"row {row} is {kind}" for kind, row in kinds.items())

@@ -599,3 +599,23 @@ def test_byte_string_labels_of_a_parquet_file_are_read_as_utf8_text_as_a_npy_fil
         str(caught.value)
         == f"{tmp_path / 'd.parquet'} column 'label' row 5: byte 3 is not UTF-8; save text as UTF-8"
     )
+
+
+def test_one_hot_labels_are_refused_saying_to_save_their_argmax(data, tmp_path):
+    """Keras' ``to_categorical`` rows, saved as labels.npy of shape (N, K) or a Parquet column of lists: the
+    errors said labels are one value per sample, not how to get there from one-hot rows."""
+    views, labels = dataset()
+    one_hot = np.eye(3)[np.searchsorted(("cat", "dog", "eel"), labels)]
+    np.save(data / "labels.npy", one_hot)
+    with pytest.raises(DataError) as caught:
+        load(data)
+    assert str(caught.value) == (
+        f"{data / 'labels.npy'}: shape (60, 3); labels are one value per sample, shape (N,) (one-hot rows? "
+        "save their argmax: np.argmax(labels, axis=1))"
+    )
+    frame = pd.DataFrame({"label": list(one_hot)} | {name: list(matrix) for name, matrix in views.items()})
+    frame.to_parquet(tmp_path / "d.parquet")
+    with pytest.raises(DataError) as caught:
+        load(tmp_path / "d.parquet")
+    assert str(caught.value).startswith(f"{tmp_path / 'd.parquet'} column 'label' row 0: label array(")
+    assert str(caught.value).endswith("labels are integers or strings (one-hot rows? save their argmax)")
