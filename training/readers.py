@@ -174,6 +174,8 @@ _EXACT_FLOAT = 2**53  # every integer up to this is a float64; beyond it, every 
 # Text labels as numpy's variable-width strings: its fixed-width ones (dtype str) give every row the longest
 # label's width, so one long line among 100,000 short ones made terabytes of a labels file of megabytes.
 _TEXT = np.dtypes.StringDType()
+# Parquet compresses inside the file; some name it for its codec after .parquet (pandas' df.parquet.gzip)
+_PARQUET_CODEC_SUFFIXES = (".gzip", ".gz", ".snappy", ".zstd", ".zst", ".brotli", ".lz4")
 _NPY_MAGIC = np.lib.format.MAGIC_PREFIX
 _FILE_KINDS = {
     stat.S_IFDIR: "a directory",
@@ -262,7 +264,11 @@ def load(
     common = {"views": views, "classes": classes, "split_column": split_column}
     if path.is_dir():
         return read_npy_directory(path, label_column=label_column or "labels", **common)
-    if path.suffix.lower() in (".parquet", ".pq"):
+    suffixes = [suffix.lower() for suffix in path.suffixes[-2:]]
+    # pandas' own example writes df.parquet.gzip: Parquet, compressed inside, named for its codec too
+    if suffixes[-1:] in ([".parquet"], [".pq"]) or (
+        suffixes[:1] in ([".parquet"], [".pq"]) and suffixes[-1] in _PARQUET_CODEC_SUFFIXES
+    ):
         return read_parquet(path, label_column=label_column or "label", **common)
     registered = [spec for spec in DATASETS.values() if spec.file_name == path.name]
     if path.suffix.lower() == ".mat" and registered and label_column is None and views is None:

@@ -619,3 +619,14 @@ def test_one_hot_labels_are_refused_saying_to_save_their_argmax(data, tmp_path):
         load(tmp_path / "d.parquet")
     assert str(caught.value).startswith(f"{tmp_path / 'd.parquet'} column 'label' row 0: label array(")
     assert str(caught.value).endswith("labels are integers or strings (one-hot rows? save their argmax)")
+
+
+@pytest.mark.parametrize("name", ["df.parquet.gzip", "data.parquet.snappy", "data.PQ"])
+def test_a_parquet_file_named_for_its_codec_is_read_as_parquet(name, tmp_path):
+    """pandas' documentation writes ``df.to_parquet('df.parquet.gzip', compression='gzip')``: fit said it
+    did not read .gzip files, and told the user to convert the file to .npy files."""
+    views, labels = dataset()
+    frame = pd.DataFrame({"label": labels} | {view: list(matrix) for view, matrix in views.items()})
+    frame.to_parquet(tmp_path / name, compression="gzip")
+    read = load(tmp_path / name)
+    assert read.view_names == tuple(views) and read.class_names == ("cat", "dog", "eel")
