@@ -517,7 +517,14 @@ def _lines(path: Path, *, directory: Path, role: str, keep_blank: bool = False) 
                 f"UTF-8: save the {role} as UTF-8 (PowerShell: Out-File -Encoding utf8)"
             )
         text = raw.decode("utf-8-sig")  # Windows' editors begin a file with a byte order mark
-    except (OSError, UnicodeDecodeError) as error:
+    except UnicodeDecodeError as error:  # where utf-8-sig counts from: after a byte order mark
+        start = error.start + (len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0)
+        line = len(re.split(rb"\r\n|\r|\n", raw[:start]))
+        raise DataError(
+            f"{path} line {line}: not UTF-8 text (Latin-1, or Windows-1252 as Excel saves text?); fit reads "
+            f"UTF-8: save the {role} as UTF-8"
+        ) from None
+    except OSError as error:
         raise DataError(f"{path}: not a readable text file of {role} ({_reason(error)})") from None
     # At line ends alone (\n, \r\n, \r), where an editor ends them: str.splitlines also splits at a form
     # feed, U+2028 and others, and a label holding one became two, moving every label after it a row on.

@@ -5,6 +5,7 @@ label files), options out of range, and messages that say what is wrong."""
 
 from __future__ import annotations
 
+import codecs
 import warnings
 from pathlib import Path
 
@@ -630,3 +631,17 @@ def test_a_parquet_file_named_for_its_codec_is_read_as_parquet(name, tmp_path):
     frame.to_parquet(tmp_path / name, compression="gzip")
     read = load(tmp_path / name)
     assert read.view_names == tuple(views) and read.class_names == ("cat", "dog", "eel")
+
+
+@pytest.mark.parametrize("bom", [b"", codecs.BOM_UTF8])
+def test_a_labels_txt_not_in_utf8_is_refused_naming_its_line(bom, data, tmp_path, capsys):
+    """Latin-1 or Windows-1252, as Excel's "Text" saves: the error named a byte offset, counted after any
+    byte order mark, not the line, nor what to save the file as."""
+    labels = np.load(data / "labels.npy").tolist()
+    labels[3] = "café"
+    with_labels_txt(data, bom + "\r\n".join(labels).encode("cp1252"))
+    error = refused(capsys, "--data", data, "--out", tmp_path / "model")
+    assert error == (
+        f"error: {data / 'labels.txt'} line 4: not UTF-8 text (Latin-1, or Windows-1252 as Excel saves "
+        "text?); fit reads UTF-8: save the labels as UTF-8\n"
+    )
