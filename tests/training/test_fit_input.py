@@ -645,3 +645,14 @@ def test_a_labels_txt_not_in_utf8_is_refused_naming_its_line(bom, data, tmp_path
         f"error: {data / 'labels.txt'} line 4: not UTF-8 text (Latin-1, or Windows-1252 as Excel saves "
         "text?); fit reads UTF-8: save the labels as UTF-8\n"
     )
+
+
+def test_class_and_view_names_listed_with_spaces_after_the_commas_are_read_without_them(data, tmp_path):
+    """``--classes "cat, dog, eel"``, as written in prose: "label 'dog' is not among the class names given
+    (cat,  dog,  eel)", and ``--views "image, text"``: "no view ' text'"."""
+    out = tmp_path / "model"
+    options = ["--classes", "eel, cat , dog", "--views", "text, image"]
+    assert fit("--data", data, "--out", out, *options, *QUICK) == 0
+    manifest = read_manifest(out)
+    assert manifest.classes == ["eel", "cat", "dog"]
+    assert [view.name for view in manifest.views] == ["text", "image"]
