@@ -691,7 +691,7 @@ def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray
     per_row = max((-(-values // max(rows, 1)) for rows, values, _ in _stored_sizes(file, column)), default=1)
     out: np.ndarray | None = None
     rounding = None if np.can_cast(item.to_pandas_dtype(), np.float32) else _Rounding()
-    start = 0
+    start = width_row = 0
     # Batches of a few megabytes: of the width, or for lists of any length the most per row a row group holds.
     batches = file.iter_batches(batch_size=_chunk_rows(width or per_row), columns=[column], use_threads=False)
     for batch in batches:
@@ -706,8 +706,8 @@ def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray
             if not fixed:  # every row's length: the first non-null row's
                 lengths = np.diff(array.offsets.to_numpy())[valid]
                 if width is None and lengths.size:
-                    width = int(lengths[0])
-                    _check_width(width, where=f"{where} row {start + int(np.flatnonzero(valid)[0])}")
+                    width, width_row = int(lengths[0]), start + int(np.flatnonzero(valid)[0])
+                    _check_width(width, where=f"{where} row {width_row}")
                 # An empty list where the width is set too: the first such row, not the first row unlike it.
                 wrong = np.flatnonzero((lengths != width) | (lengths == 0)) if lengths.size else lengths
                 if wrong.size:
@@ -718,8 +718,10 @@ def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray
                             f"{where} row {row}: an empty list; a view needs a feature per row, and a "
                             "missing view is a null (None in pandas), not an empty list"
                         )
+                    # Both rows named: the odd one may be the first, which set the width ("earlier rows").
                     raise DataError(
-                        f"{where} row {row}: {int(lengths[at])} numbers, where earlier rows have {width}"
+                        f"{where} row {row}: {int(lengths[at])} numbers, where row {width_row}, the first "
+                        f"that has the view, has {width}"
                     )
             values = values.reshape(-1, width) if width else values.reshape(0, 0)
         if out is None and width is not None:
