@@ -364,7 +364,9 @@ def _warn(report) -> None:
 
 
 def _names(text: str) -> list[str]:
-    return [part for part in text.split(",") if part]
+    # "cat, dog" as written in prose: else ' dog' is no class of the labels (nor a view), and its error
+    # quoted the list as "(cat,  dog)", whose every name looked given.
+    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def _each(parse: Callable[[str], object]) -> Callable[[str], list]:

@@ -31,6 +31,7 @@ values of a small spread, such as ``1e9 + x``) is refused. At most :data:`MAX_VI
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import os
 import re
@@ -173,6 +174,8 @@ _EXACT_FLOAT = 2**53  # every integer up to this is a float64; beyond it, every 
 # Text labels as numpy's variable-width strings: its fixed-width ones (dtype str) give every row the longest
 # label's width, so one long line among 100,000 short ones made terabytes of a labels file of megabytes.
 _TEXT = np.dtypes.StringDType()
+# Parquet compresses inside the file; some name it for its codec after .parquet (pandas' df.parquet.gzip)
+_PARQUET_CODEC_SUFFIXES = (".gzip", ".gz", ".snappy", ".zstd", ".zst", ".brotli", ".lz4")
 _NPY_MAGIC = np.lib.format.MAGIC_PREFIX
 _FILE_KINDS = {
     stat.S_IFDIR: "a directory",
@@ -261,7 +264,11 @@ def load(
     common = {"views": views, "classes": classes, "split_column": split_column}
     if path.is_dir():
         return read_npy_directory(path, label_column=label_column or "labels", **common)
-    if path.suffix.lower() in (".parquet", ".pq"):
+    suffixes = [suffix.lower() for suffix in path.suffixes[-2:]]
+    # pandas' own example writes df.parquet.gzip: Parquet, compressed inside, named for its codec too
+    if suffixes[-1:] in ([".parquet"], [".pq"]) or (
+        suffixes[:1] in ([".parquet"], [".pq"]) and suffixes[-1] in _PARQUET_CODEC_SUFFIXES
+    ):
         return read_parquet(path, label_column=label_column or "label", **common)
     registered = [spec for spec in DATASETS.values() if spec.file_name == path.name]
     if path.suffix.lower() == ".mat" and registered and label_column is None and views is None:
@@ -310,6 +317,13 @@ def read_npy_directory(
             "its arrays as <view>.npy (np.load it, then np.save each), or move it out of the directory, or "
             "name the views to fit with --views"
         )
+    if not any(directory.glob("*.npy")) and _parquet_parts(directory):
+        # A partitioned dataset (pandas' partition_cols, Spark, Dask): else "no labels.npy or labels.txt".
+        raise DataError(
+            f"{directory}: a directory of Parquet files (a partitioned dataset, as pandas' partition_cols, "
+            "Spark or Dask write it); fit reads one Parquet file, or a directory of .npy files: write it as "
+            "one file (e.g. pandas.read_parquet of the directory, then to_parquet to a file)"
+        )
     reserved = {label_column, *([split_column] if split_column else [])}
     labels = _text_or_npy(directory, label_column, role="labels")
     if labels is None:
@@ -347,6 +361,12 @@ def read_npy_directory(
         name=directory.resolve().name,
         source=str(directory),
     )
+
+
+def _parquet_parts(directory: Path) -> bool:
+    """Whether ``directory`` holds Parquet files, in it or in partitions' folders (``site=north/``)."""
+    patterns = ("*.parquet", "*.pq", "*=*/**/*.parquet", "*=*/**/*.pq")
+    return any(next(directory.glob(pattern), None) is not None for pattern in patterns)
 
 
 def _check_stem(stem: str, directory: Path, *, option: str, example: str) -> None:
@@ -442,7 +462,12 @@ def _text_or_npy(directory: Path, stem: str, *, role: str) -> Column | None:
         )
         values = _load_npy(npy, directory=directory, mmap=False, instead=instead)
         if values.ndim != 1 and not (values.ndim == 2 and values.shape[1] == 1):
-            raise DataError(f"{npy}: shape {values.shape}; {role} are one value per sample, shape (N,)")
+            one_hot = ""
+            if role == "labels":  # Keras' to_categorical
+                one_hot = " (one-hot rows? save their argmax: np.argmax(labels, axis=1))"
+            raise DataError(
+                f"{npy}: shape {values.shape}; {role} are one value per sample, shape (N,){one_hot}"
+            )
         values = values.reshape(-1)
         return Column(_decoded(values, where=str(npy)) if values.dtype.kind == "S" else values, str(npy))
     if os.path.lexists(txt):
@@ -485,14 +510,33 @@ def _lines(path: Path, *, directory: Path, role: str, keep_blank: bool = False) 
         instead=f"save the {role} as a .npy file of integers or strings",
     )
     try:
-        text = path.read_text(encoding="utf-8-sig")  # Windows' editors begin a file with a byte order mark
-    except (OSError, UnicodeDecodeError) as error:
+        raw = path.read_bytes()
+        if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # else "byte 0 is not UTF-8"
+            raise DataError(
+                f"{path}: UTF-16 text (what Windows PowerShell's > and Notepad's 'Unicode' write); fit reads "
+                f"UTF-8: save the {role} as UTF-8 (PowerShell: Out-File -Encoding utf8)"
+            )
+        text = raw.decode("utf-8-sig")  # Windows' editors begin a file with a byte order mark
+    except UnicodeDecodeError as error:  # where utf-8-sig counts from: after a byte order mark
+        start = error.start + (len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0)
+        line = len(re.split(rb"\r\n|\r|\n", raw[:start]))
+        raise DataError(
+            f"{path} line {line}: not UTF-8 text (Latin-1, or Windows-1252 as Excel saves text?); fit reads "
+            f"UTF-8: save the {role} as UTF-8"
+        ) from None
+    except OSError as error:
         raise DataError(f"{path}: not a readable text file of {role} ({_reason(error)})") from None
     # At line ends alone (\n, \r\n, \r), where an editor ends them: str.splitlines also splits at a form
     # feed, U+2028 and others, and a label holding one became two, moving every label after it a row on.
     lines = [line.strip() for line in re.split(r"\r\n|\r|\n", text)]
     while lines and not lines[-1]:  # an editor's blank lines at the end
         lines.pop()
+    nul = next((number for number, line in enumerate(lines, start=1) if "\x00" in line), None)
+    if nul is not None:  # before its lines are counted: UTF-16's last NUL is a line of its own
+        raise DataError(
+            f"{path} line {nul}: a NUL character (text saved as UTF-16?); fit reads UTF-8: save the {role} "
+            "as UTF-8"
+        )
     if not keep_blank:
         lines = [line for line in lines if line]
     return lines
@@ -627,6 +671,12 @@ def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray
     if flags:  # read as 0 and 1, which the service takes; a null among them is a missing number's NaN
         item = pa.float32()
     if not (pa.types.is_integer(item) or pa.types.is_floating(item)):
+        if _nested_numbers(kind):  # an image or a sequence per row (pyarrow's tensors too): numbers, not flat
+            raise DataError(
+                f"{where}: type {kind} nests its numbers (an image or a sequence per row?); a view holds one "
+                "flat list of numbers per row: write each row's numbers as one list (a .npy view's reshape "
+                "to (N, -1)), or name the views to fit with --views to leave it out"
+            )
         raise DataError(
             f"{where}: type {kind} is not numeric; a view holds a list of numbers per row (every column but "
             "the label and split columns is a view: name the views with --views to leave it out)"
@@ -641,7 +691,7 @@ def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray
     per_row = max((-(-values // max(rows, 1)) for rows, values, _ in _stored_sizes(file, column)), default=1)
     out: np.ndarray | None = None
     rounding = None if np.can_cast(item.to_pandas_dtype(), np.float32) else _Rounding()
-    start = 0
+    start = width_row = 0
     # Batches of a few megabytes: of the width, or for lists of any length the most per row a row group holds.
     batches = file.iter_batches(batch_size=_chunk_rows(width or per_row), columns=[column], use_threads=False)
     for batch in batches:
@@ -656,16 +706,22 @@ def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray
             if not fixed:  # every row's length: the first non-null row's
                 lengths = np.diff(array.offsets.to_numpy())[valid]
                 if width is None and lengths.size:
-                    width = int(lengths[0])
-                    _check_width(width, where=f"{where} row {start + int(np.flatnonzero(valid)[0])}")
-                wrong = np.flatnonzero(lengths != width) if lengths.size else lengths
-                if wrong.size or width == 0:
-                    at = int(wrong[0]) if wrong.size else 0
+                    width, width_row = int(lengths[0]), start + int(np.flatnonzero(valid)[0])
+                    _check_width(width, where=f"{where} row {width_row}")
+                # An empty list where the width is set too: the first such row, not the first row unlike it.
+                wrong = np.flatnonzero((lengths != width) | (lengths == 0)) if lengths.size else lengths
+                if wrong.size:
+                    at = int(wrong[0])
                     row = start + int(np.flatnonzero(valid)[at])
-                    if width == 0:
-                        raise DataError(f"{where} row {row}: an empty list; a view needs a feature per row")
+                    if lengths[at] == 0:  # what a missing view is often written as: say what it is instead
+                        raise DataError(
+                            f"{where} row {row}: an empty list; a view needs a feature per row, and a "
+                            "missing view is a null (None in pandas), not an empty list"
+                        )
+                    # Both rows named: the odd one may be the first, which set the width ("earlier rows").
                     raise DataError(
-                        f"{where} row {row}: {int(lengths[at])} numbers, where earlier rows have {width}"
+                        f"{where} row {row}: {int(lengths[at])} numbers, where row {width_row}, the first "
+                        f"that has the view, has {width}"
                     )
             values = values.reshape(-1, width) if width else values.reshape(0, 0)
         if out is None and width is not None:
@@ -688,6 +744,22 @@ def _parquet_view(file, column: str, num_rows: int, *, where: str) -> np.ndarray
         rounding.check(where)
     _check_varies(out, where=where)
     return out
+
+
+def _nested_numbers(kind) -> bool:
+    """Whether an Arrow type is numbers in lists of lists, or in an extension type (a tensor per row)."""
+    import pyarrow as pa
+
+    depth = 0
+    while True:
+        if isinstance(kind, pa.BaseExtensionType):  # pyarrow's own tensors are not pa.ExtensionType
+            kind, depth = kind.storage_type, depth + 1
+        elif pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+            kind, depth = kind.value_type, depth + 1
+        else:
+            break
+    numeric = pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
+    return numeric and depth >= 2
 
 
 def _rows_unlike_metadata(where: str, rows: str, declared: int) -> None:
@@ -1253,7 +1325,13 @@ def _check_rows(views: dict[str, Column], labels: Column) -> None:
     for column in views.values():
         rows = column.values.shape[0]
         if rows != count:
-            raise DataError(f"{column.where} has {rows} rows but {labels.where} has {count} labels")
+            header = ""
+            if isinstance(labels.values, list) and count == rows + 1:  # pandas' to_csv writes a header
+                header = (
+                    f"; is its line 1 ({labels.values[0][:40]!r}) a header? it holds the labels alone, one a "
+                    "line (pandas: to_csv(path, index=False, header=False))"
+                )
+            raise DataError(f"{column.where} has {rows} rows but {labels.where} has {count} labels{header}")
 
 
 def assemble(
@@ -1318,6 +1396,15 @@ def assemble(
 def _class_labels(labels: Column, classes: Sequence[str] | None) -> tuple[np.ndarray, tuple[str, ...]]:
     """Labels as class indices ``0 .. K-1`` and the class names (module notes)."""
     values = _typed(labels)
+    if values.dtype == _TEXT:
+        # UTF-16 text read as UTF-8 (no byte order mark) has a NUL beside every letter, and numpy's text
+        # compares strings that hold one as equal: '\0c\0a\0t' and '\0d\0o\0g' made one class.
+        nul = next((row for row, value in enumerate(values.tolist()) if "\x00" in value), None)
+        if nul is not None:
+            raise DataError(
+                f"{labels.at(nul)}: label {str(values[nul])[:40]!a} holds a NUL character (text saved as "
+                "UTF-16?); labels are text without NULs: save them as UTF-8"
+            )
     if values.dtype == _TEXT:  # what pandas and spreadsheets write for a missing label, not a class
         blank = np.strings.strip(values) == ""
         if blank.any():
@@ -1438,7 +1525,8 @@ def _typed(labels: Column) -> np.ndarray:
                 f"{where} row {row}: label {values[row].item()!r} is not a class (labels are integers or "
                 "strings)"
             )
-        inexact = np.abs(values) > _EXACT_FLOAT
+        # float64's bound, not the labels' type's: float16's overflows (a RuntimeWarning on fit's stderr).
+        inexact = np.abs(values) > np.float64(_EXACT_FLOAT)
         if inexact.any():  # beyond 2**53 neighbouring floats differ by 2 or more: not the integers meant
             row = int(np.argmax(inexact))
             raise DataError(
@@ -1447,6 +1535,8 @@ def _typed(labels: Column) -> np.ndarray:
             )
         return values.astype(np.int64)
     if kind in "UT":  # T: StringDType, the labels of a .npy file of bytes, decoded
+        if kind == "U":  # numpy casts big-endian text ('>U', a big-endian machine's np.save) as code points
+            values = values.astype(values.dtype.newbyteorder("="))  # byte-swapped, refused as invalid
         return values.astype(_TEXT)
     if kind != "O":
         raise DataError(f"{where}: labels of dtype {values.dtype}; labels are integers or strings")
@@ -1456,12 +1546,16 @@ def _typed(labels: Column) -> np.ndarray:
             raise DataError(f"{where} row {row}: label missing (None, NaN or null)")
         if isinstance(value, str):
             kinds.setdefault("string", row)
+        elif isinstance(value, bytes):  # a Parquet binary column, what pandas writes for labels of bytes
+            kinds.setdefault("bytes", row)
         elif isinstance(value, (int, np.integer)) and not isinstance(value, bool):
             kinds.setdefault("integer", row)
         else:
+            # A list or array per row: Keras' to_categorical, or several labels a sample
+            one_hot = " (one-hot rows? save their argmax)" if isinstance(value, (list, np.ndarray)) else ""
             raise DataError(
                 f"{where} row {row}: label {value!r} of type {type(value).__name__}; "
-                "labels are integers or strings"
+                f"labels are integers or strings{one_hot}"
             )
     if len(kinds) > 1:
         rows = ", ".join(f"row {row} is {kind}" for kind, row in kinds.items())
@@ -1474,6 +1568,14 @@ def _typed(labels: Column) -> np.ndarray:
                 "labels as strings"
             )
         return values.astype(np.int64)
+    if "bytes" in kinds:  # as a .npy file's byte strings are: UTF-8 text
+        text = []
+        for row, value in enumerate(values.tolist()):
+            try:
+                text.append(value.decode("utf-8"))
+            except UnicodeDecodeError as error:
+                raise DataError(f"{where} row {row}: {_reason(error)}; save text as UTF-8") from None
+        return np.array(text, dtype=_TEXT)
     return values.astype(_TEXT)
 
 

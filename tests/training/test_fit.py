@@ -501,7 +501,18 @@ BAD_DATA = {
             )
         ),
         [],
-        ["data.parquet column 'text' row 5: 2 numbers, where earlier rows have 3"],
+        ["data.parquet column 'text' row 5: 2 numbers, where row 0, the first that has the view, has 3"],
+    ),
+    # The odd row the first that has the view: "row 3: 3 numbers, where earlier rows have 4", of rows 0 to 2,
+    # two of them null, sent the user to row 3, like 56 others.
+    "the first row of a Parquet view of another length": (
+        _parquet(
+            lambda views, labels: _columns(
+                views, labels, text=pa.array([None] * 2 + [[1.0, 2.0, 3.0, 4.0]] + [[0.0, 1.0, 2.0]] * 57)
+            )
+        ),
+        [],
+        ["data.parquet column 'text' row 3: 3 numbers, where row 2, the first that has the view, has 4"],
     ),
     "non-numeric view": (
         _npy(_save("text", lambda views, labels: np.full((60, 3), "word"))),

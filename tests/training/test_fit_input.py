@@ -5,6 +5,8 @@ label files), options out of range, and messages that say what is wrong."""
 
 from __future__ import annotations
 
+import codecs
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -146,6 +148,16 @@ def test_uint64_labels_beyond_int64_keep_their_values(data):
     assert np.bincount(read.labels).tolist() == [20, 20, 20]
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_whole_float_labels_of_any_width_are_read_without_a_warning(dtype, data):
+    """float16 labels were read right, but fit printed "RuntimeWarning: overflow encountered in cast":
+    2**53, the bound of exact integers, cast to float16 to compare."""
+    np.save(data / "labels.npy", np.repeat([1.0, 2.0, 3.0], 20).astype(dtype))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load(data).class_names == ("1", "2", "3")
+
+
 def test_float_labels_are_refused_where_not_exact_integers_and_quoted_plainly(data):
     np.save(data / "labels.npy", np.repeat([1e20, 1.0, 2.0], 20))
     with pytest.raises(DataError, match=r"labels\.npy row 0: label 1e\+20 is too large to be an exact"):
@@ -233,6 +245,20 @@ def test_byte_string_labels_are_read_as_utf8_text(data):
     labels = np.load(data / "labels.npy")
     np.save(data / "labels.npy", np.char.encode(np.char.replace(labels, "eel", "éel"), "utf-8"))  # dtype S
     assert load(data).class_names == ("cat", "dog", "éel")
+
+
+def test_big_endian_labels_and_views_read_as_their_native_twins(data):
+    """What np.save writes on a big-endian machine (or for an array of dtype '>U'): string labels ended
+    in a traceback, "TypeError: Invalid unicode code point found", numpy's cast of them to variable-width
+    text reading their bytes swapped."""
+    native = load(data)
+    for name in ("labels", "image"):
+        array = np.load(data / f"{name}.npy")
+        np.save(data / f"{name}.npy", array.astype(array.dtype.newbyteorder(">")))
+    swapped = load(data)
+    assert swapped.class_names == native.class_names == ("cat", "dog", "eel")
+    np.testing.assert_array_equal(swapped.labels, native.labels)
+    np.testing.assert_array_equal(swapped.views["image"], native.views["image"])
 
 
 def test_byte_string_labels_that_are_not_utf8_are_refused_naming_the_row(data, tmp_path, capsys):
@@ -448,3 +474,185 @@ def test_a_constant_parquet_column_is_refused(tmp_path):
     pq.write_table(table, tmp_path / "d.parquet")
     with pytest.raises(DataError, match=r"column 'sensor'.*a constant view"):
         load(tmp_path / "d.parquet")
+
+
+@pytest.mark.parametrize("empty_rows", [[0], [0, 7], [5]])
+def test_an_empty_list_in_a_parquet_view_is_refused_naming_its_row(empty_rows, tmp_path):
+    """An empty list in the first row was named as the row after it (row 1 for row 0), and the error did not
+    say that a missing view is a null, what pandas users writing ``[]`` for one meant."""
+    views, labels = dataset()
+    rows = [[] if row in empty_rows else values.tolist() for row, values in enumerate(views["text"])]
+    table = pa.table({"label": labels, "image": list_column(views["image"]), "text": pa.array(rows)})
+    pq.write_table(table, tmp_path / "d.parquet")
+    with pytest.raises(DataError) as caught:
+        load(tmp_path / "d.parquet")
+    assert str(caught.value) == (
+        f"{tmp_path / 'd.parquet'} column 'text' row {empty_rows[0]}: an empty list; a view needs a feature "
+        "per row, and a missing view is a null (None in pandas), not an empty list"
+    )
+
+
+@pytest.mark.parametrize("partition", ["label", "site"])
+def test_a_partitioned_parquet_directory_is_refused_saying_to_write_one_file(partition, tmp_path, capsys):
+    """pandas' ``to_parquet(path, partition_cols=...)`` (Spark and Dask alike) writes a directory of Parquet
+    files, which fit took for a directory of .npy files: "no labels.npy or labels.txt"."""
+    views, labels = dataset()
+    frame = pd.DataFrame(
+        {"label": labels, "site": np.where(np.arange(60) % 2, "north", "south")}
+        | {name: list(matrix) for name, matrix in views.items()}
+    )
+    frame.to_parquet(tmp_path / "data.parquet", partition_cols=[partition])
+    error = refused(capsys, "--data", tmp_path / "data.parquet", "--out", tmp_path / "model")
+    assert error == (
+        f"error: {tmp_path / 'data.parquet'}: a directory of Parquet files (a partitioned dataset, as "
+        "pandas' partition_cols, Spark or Dask write it); fit reads one Parquet file, or a directory of .npy "
+        "files: write it as one file (e.g. pandas.read_parquet of the directory, then to_parquet to a file)\n"
+    )
+    merged = tmp_path / "merged.parquet"
+    pd.read_parquet(tmp_path / "data.parquet").to_parquet(merged)  # what the error says to do
+    assert load(merged, views=list(views)).class_names == tuple(sorted(set(labels)))
+
+
+def test_utf16_labels_txt_is_refused_saying_to_save_it_as_utf8(data, tmp_path, capsys):
+    """What Windows PowerShell's ``>`` writes: "byte 0 is not UTF-8" said nothing of UTF-16 or what to do."""
+    labels = np.load(data / "labels.npy").tolist()
+    with_labels_txt(data, "\n".join(labels).encode("utf-16"))
+    error = refused(capsys, "--data", data, "--out", tmp_path / "model")
+    assert error == (
+        f"error: {data / 'labels.txt'}: UTF-16 text (what Windows PowerShell's > and Notepad's 'Unicode' "
+        "write); fit reads UTF-8: save the labels as UTF-8 (PowerShell: Out-File -Encoding utf8)\n"
+    )
+
+
+def test_utf16_labels_without_a_byte_order_mark_are_refused_not_merged(data):
+    """Read as UTF-8, UTF-16 text has a NUL beside every letter, and numpy's variable-width text compares
+    strings holding one as equal: '\\0c\\0a\\0t\\0' and '\\0d\\0o\\0g\\0' were one class, in silence (two
+    classes of three, every cat a dog or every dog a cat)."""
+    labels = np.load(data / "labels.npy").tolist()
+    with_labels_txt(data, "\n".join(labels).encode("utf-16-le"))
+    with pytest.raises(DataError) as caught:
+        load(data)
+    assert str(caught.value) == (
+        f"{data / 'labels.txt'} line 1: a NUL character (text saved as UTF-16?); fit reads UTF-8: save the "
+        "labels as UTF-8"
+    )
+    (data / "labels.txt").unlink()
+    np.save(data / "labels.npy", np.array([chr(0) + label for label in labels]))  # a NUL first, as UTF-16 BE
+    with pytest.raises(DataError) as caught:
+        load(data)
+    assert str(caught.value) == (
+        f"{data / 'labels.npy'} row 0: label {chr(0) + labels[0]!a} holds a NUL character (text saved as "
+        "UTF-16?); labels are text without NULs: save them as UTF-8"
+    )
+
+
+def test_a_header_line_in_labels_txt_is_suggested_as_why_it_has_a_label_too_many(data, tmp_path, capsys):
+    """pandas' ``labels.to_csv("labels.txt", index=False)`` writes the column's name first: the error said
+    only that labels.txt had 61 labels for 60 rows, not which line was one too many."""
+    pd.Series(np.load(data / "labels.npy"), name="species").to_csv(data / "labels.txt", index=False)
+    (data / "labels.npy").unlink()
+    error = refused(capsys, "--data", data, "--out", tmp_path / "model")
+    assert error == (
+        f"error: {data / 'image.npy'} has 60 rows but {data / 'labels.txt'} has 61 labels; is its line 1 "
+        "('species') a header? it holds the labels alone, one a line (pandas: to_csv(path, index=False, "
+        "header=False))\n"
+    )
+
+
+@pytest.mark.parametrize("nesting", ["lists of lists", "tensors"])
+def test_a_parquet_view_of_nested_numbers_is_told_to_flatten_them(nesting, tmp_path):
+    """An image per row, as lists of lists or pyarrow's tensor type: "is not numeric", of numbers, where a
+    3-D .npy view is told to reshape to (N, -1)."""
+    views, labels = dataset()
+    images = views["image"][:, :4].reshape(-1, 2, 2)
+    if nesting == "tensors":
+        column = pa.FixedShapeTensorArray.from_numpy_ndarray(images)
+    else:
+        column = pa.array(images.tolist())
+    table = pa.table({"label": labels, "image": column, "text": list_column(views["text"])})
+    pq.write_table(table, tmp_path / "d.parquet")
+    with pytest.raises(DataError) as caught:
+        load(tmp_path / "d.parquet")
+    stored = pq.read_schema(tmp_path / "d.parquet").field("image").type
+    assert str(caught.value) == (
+        f"{tmp_path / 'd.parquet'} column 'image': type {stored} nests its numbers "
+        "(an image or a sequence per row?); a view holds one flat list of numbers per row: write each row's "
+        "numbers as one list (a .npy view's reshape to (N, -1)), or name the views to fit with --views to "
+        "leave it out"
+    )
+
+
+def test_byte_string_labels_of_a_parquet_file_are_read_as_utf8_text_as_a_npy_files_are(tmp_path):
+    """Labels of bytes (as h5py reads strings) that pandas wrote to Parquet, a binary column, were refused,
+    "label b'cat' of type bytes; labels are integers or strings", where a .npy file of them is read."""
+    views, labels = dataset()
+    encoded = [label.replace("eel", "éel").encode() for label in labels]
+    frame = pd.DataFrame({"label": encoded} | {name: list(matrix) for name, matrix in views.items()})
+    frame.to_parquet(tmp_path / "d.parquet")
+    read = load(tmp_path / "d.parquet")
+    assert read.class_names == ("cat", "dog", "éel")
+    assert [read.class_names[code] for code in read.labels] == [label.decode() for label in encoded]
+    frame.loc[5, "label"] = b"caf\xe9"  # Latin-1
+    frame.to_parquet(tmp_path / "d.parquet")
+    with pytest.raises(DataError) as caught:
+        load(tmp_path / "d.parquet")
+    assert (
+        str(caught.value)
+        == f"{tmp_path / 'd.parquet'} column 'label' row 5: byte 3 is not UTF-8; save text as UTF-8"
+    )
+
+
+def test_one_hot_labels_are_refused_saying_to_save_their_argmax(data, tmp_path):
+    """Keras' ``to_categorical`` rows, saved as labels.npy of shape (N, K) or a Parquet column of lists: the
+    errors said labels are one value per sample, not how to get there from one-hot rows."""
+    views, labels = dataset()
+    one_hot = np.eye(3)[np.searchsorted(("cat", "dog", "eel"), labels)]
+    np.save(data / "labels.npy", one_hot)
+    with pytest.raises(DataError) as caught:
+        load(data)
+    assert str(caught.value) == (
+        f"{data / 'labels.npy'}: shape (60, 3); labels are one value per sample, shape (N,) (one-hot rows? "
+        "save their argmax: np.argmax(labels, axis=1))"
+    )
+    frame = pd.DataFrame({"label": list(one_hot)} | {name: list(matrix) for name, matrix in views.items()})
+    frame.to_parquet(tmp_path / "d.parquet")
+    with pytest.raises(DataError) as caught:
+        load(tmp_path / "d.parquet")
+    assert str(caught.value).startswith(f"{tmp_path / 'd.parquet'} column 'label' row 0: label array(")
+    assert str(caught.value).endswith("labels are integers or strings (one-hot rows? save their argmax)")
+
+
+@pytest.mark.parametrize("name", ["df.parquet.gzip", "data.parquet.snappy", "data.PQ"])
+def test_a_parquet_file_named_for_its_codec_is_read_as_parquet(name, tmp_path):
+    """pandas' documentation writes ``df.to_parquet('df.parquet.gzip', compression='gzip')``: fit said it
+    did not read .gzip files, and told the user to convert the file to .npy files."""
+    views, labels = dataset()
+    frame = pd.DataFrame({"label": labels} | {view: list(matrix) for view, matrix in views.items()})
+    frame.to_parquet(tmp_path / name, compression="gzip")
+    read = load(tmp_path / name)
+    assert read.view_names == tuple(views) and read.class_names == ("cat", "dog", "eel")
+
+
+@pytest.mark.parametrize("bom", [b"", codecs.BOM_UTF8])
+def test_a_labels_txt_not_in_utf8_is_refused_naming_its_line(bom, data, tmp_path, capsys):
+    """Latin-1 or Windows-1252, as Excel's "Text" saves: the error named a byte offset, counted after any
+    byte order mark, not the line, nor what to save the file as."""
+    labels = np.load(data / "labels.npy").tolist()
+    labels[3] = "café"
+    with_labels_txt(data, bom + "\r\n".join(labels).encode("cp1252"))
+    error = refused(capsys, "--data", data, "--out", tmp_path / "model")
+    assert error == (
+        f"error: {data / 'labels.txt'} line 4: not UTF-8 text (Latin-1, or Windows-1252 as Excel saves "
+        "text?); fit reads UTF-8: save the labels as UTF-8\n"
+    )
+
+
+def test_class_and_view_names_listed_with_spaces_after_the_commas_are_read_without_them(data, tmp_path):
+    """``--classes "cat, dog, eel"``, as written in prose: "label 'dog' is not among the class names given
+    (cat,  dog,  eel)", and ``--views "image, text"``: "no view ' text'"."""
+    out = tmp_path / "model"
+    options = ["--classes", "eel, cat , dog", "--views", "text, image"]
+    assert fit("--data", data, "--out", out, *options, *QUICK) == 0
+    manifest = read_manifest(out)
+    assert manifest.classes == ["eel", "cat", "dog"]
+    assert [view.name for view in manifest.views] == ["text", "image"]
