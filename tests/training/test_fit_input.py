@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from manifest import MAX_CLASS_NAME_LENGTH
 from tests.training.test_fit import QUICK, dataset, fit, list_column, read_manifest, write_npy
 from tests.training.test_fit_safety import refused
 from training.data import DataError
@@ -271,14 +272,19 @@ def test_byte_string_labels_that_are_not_utf8_are_refused_naming_the_row(data, t
 
 def test_one_long_label_costs_its_own_length_not_every_rows(tmp_path):
     # As fixed-width text, every row took the longest label's width: from a labels.txt of 3.5 MB, 1.2 TB.
+    # Such a label is no class name (at most 1,024 characters): refused, once read at its own length.
     rows, long = 100_000, "x" * 3_000_000
     rng = np.random.default_rng(0)
     views = {name: rng.normal(size=(rows, 2)).astype(np.float32) for name in ("image", "text")}
     labels = np.where(np.arange(rows) % 2, "cat", "dog").tolist()
     labels[7] = long
     directory = write_npy(tmp_path / "data", views, np.array(["cat"]))
-    read = load(with_labels_txt(directory, "\n".join(labels)))
-    assert read.class_names == ("cat", "dog", long)
+    with pytest.raises(DataError, match=r"labels\.txt: class 'x{40}'\.\.\. is 3,000,000 characters long"):
+        load(with_labels_txt(directory, "\n".join(labels)))
+    labels[7] = longest = "x" * MAX_CLASS_NAME_LENGTH
+    (directory / "labels.txt").write_text("\n".join(labels))
+    read = load(directory)
+    assert read.class_names == ("cat", "dog", longest)
     assert read.labels[7] == 2 and np.bincount(read.labels).tolist() == [49_999, 50_000, 1]
 
 
