@@ -384,7 +384,7 @@ class Manifest(_Strict):
             return self
         conformal = self.calibration.conformal
         score = conformal.score
-        highest = 1 + score.penalty * max(len(self.classes) - score.free_rank, 0)
+        highest = 1 + score.penalty * len(self.classes)  # whatever free_rank: at most K ranks are penalised
         low, high = conformal.calibration_scores[0], conformal.calibration_scores[-1]  # sorted
         if low < -SCORE_ROUNDING or high > highest + SCORE_ROUNDING:
             raise ValueError(

@@ -33,6 +33,7 @@ True
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -534,7 +535,9 @@ def _chance_agreement(split: FusedSplit, compared: np.ndarray) -> list[float]:
         n = max(int(rows.sum()), 1)
         view_share = np.bincount(view_top[rows, v], minlength=k) / n
         others_share = np.bincount(others_top[rows, v], minlength=k) / n
-        out.append(float(view_share @ others_share))
+        # math.fsum of the products, correctly rounded: a BLAS dot product's last bit follows the CPU's
+        # vector width (committed manifests computed on one machine differed from another's in it).
+        out.append(math.fsum(view_share * others_share))
     return out
 
 
