@@ -40,7 +40,7 @@ import struct
 import unicodedata
 import zlib
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -168,6 +168,9 @@ _SPLIT_ALIASES = {
     "test": 2,
     "testing": 2,
 }
+_SPLIT_HINT = (
+    "; its values are a train/validation/test split, which fit follows when named: pass --split-column {}"
+)
 _INTEGER = re.compile(r"[+-]?\d+")
 _INT64 = np.iinfo(np.int64)
 _EXACT_FLOAT = 2**53  # every integer up to this is a float64; beyond it, every other one is not
@@ -324,6 +327,8 @@ def read_npy_directory(
             "Spark or Dask write it); fit reads one Parquet file, or a directory of .npy files: write it as "
             "one file (e.g. pandas.read_parquet of the directory, then to_parquet to a file)"
         )
+    if split_column is None:
+        _refuse_unnamed_split(directory, other_text={label_column, "classes"})
     reserved = {label_column, *([split_column] if split_column else [])}
     labels = _text_or_npy(directory, label_column, role="labels")
     if labels is None:
@@ -400,6 +405,7 @@ def _open_npy(path: Path, *, directory: Path) -> np.ndarray:
         raise DataError(
             f"{path}: dtype {array.dtype} is not numeric; a view holds numbers, shape (N, d) (every .npy "
             "file but the labels is a view: move it out of the directory, or name the views with --views)"
+            + (_SPLIT_HINT.format(path.stem) if _split_like(array.reshape(-1)) else "")
         )
     if array.ndim != 2:
         hint = ""
@@ -448,6 +454,36 @@ def _load_npy(path: Path, *, directory: Path, mmap: bool, instead: str) -> np.nd
     except (OSError, EOFError) as error:
         raise DataError(f"{path}: not a readable .npy file ({_reason(error)})") from None
     raise DataError(f"{path}: not a readable .npy file (no NumPy header: np.save writes one)")
+
+
+def _split_like(values: Iterable[object]) -> bool:
+    """Whether every one of ``values`` names a split (train, validation, test or an alias of one): a split
+    the user meant fit to follow. Read lazily, up to the first value that does not."""
+    seen = False
+    for value in values:
+        if not isinstance(value, str) or value.strip().lower() not in _SPLIT_ALIASES:
+            return False
+        seen = True
+    return seen
+
+
+def _refuse_unnamed_split(directory: Path, *, other_text: set[str]) -> None:
+    """A ``.txt`` file of split names in an ``.npy`` directory while no ``--split-column`` names it: fit
+    would split the samples its own way and leave the user's split unread, without a word."""
+    for path in sorted(directory.glob("*.txt")):
+        if path.stem in other_text or not path.is_file():
+            continue
+        try:
+            with path.open("rb") as file:
+                first = file.read(64).split(b"\n", 1)[0].decode("utf-8-sig", "replace")
+        except OSError:  # unreadable: fit reads no such file, and a split would be read from none
+            continue
+        if _split_like([first]) and _split_like(_lines(path, directory=directory, role="split")):
+            raise DataError(
+                f"{path}: a train/validation/test split, one per line, which fit follows only when named: "
+                f"pass --split-column {path.stem} (or move it out of the directory to split the samples "
+                "stratified)"
+            )
 
 
 def _text_or_npy(directory: Path, stem: str, *, role: str) -> Column | None:
@@ -598,6 +634,9 @@ def read_parquet(
                 f"{path}: no {role} column {column!r} (columns: {', '.join(columns)}); name it with {option}"
             )
     reserved = {label_column, split_column, *_pandas_index(file.schema_arrow)}
+    if split_column is None:
+        others = [c for c in columns if c not in reserved and (views is None or c not in views)]
+        _refuse_unnamed_split_column(path, file, others)
     names = list(views) if views is not None else [c for c in columns if c not in reserved]
     counts = Counter(columns)
     for name in (*names, label_column, split_column):
@@ -819,6 +858,35 @@ def _check_stored_labels(file, column: str, *, where: str) -> None:
             raise DataError(
                 f"{where} row group {group}: {size / 1e6:,.1f} MB for {rows:,} rows decompressed, more than "
                 f"{LABEL_BYTES_PER_ROW:,} bytes per row: labels are class names, not texts"
+            )
+
+
+def _refuse_unnamed_split_column(path: Path, file, columns: Sequence[str]) -> None:
+    """A text column of split names among ``columns`` (those not named as label, split or view) while no
+    ``--split-column`` names it: as a view it could not be read, and beside named views it went unread."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = file.schema_arrow
+    for column in dict.fromkeys(columns):
+        if len(schema.get_all_field_indices(column)) != 1:  # two of one name: which is meant is asked later
+            continue
+        kind = schema.field(column).type
+        if pa.types.is_dictionary(kind):
+            kind = kind.value_type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            continue
+        try:  # read as labels are, within their bounds (a dictionary's size checked before it is decoded)
+            _check_stored_labels(file, column, where=column)
+            as_dictionary = pq.ParquetFile(path, pre_buffer=False, read_dictionary=[column])
+            values = _parquet_scalars(as_dictionary, column, where=column)
+        except (DataError, OSError, pa.ArrowException):
+            continue
+        if _split_like(values):
+            raise DataError(
+                f"{path} column {column!r}: a train/validation/test split, which fit follows only when "
+                f"named: pass --split-column {column} (or leave it out of the file to split the samples "
+                "stratified)"
             )
 
 

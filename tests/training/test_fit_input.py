@@ -662,3 +662,68 @@ def test_class_and_view_names_listed_with_spaces_after_the_commas_are_read_witho
     manifest = read_manifest(out)
     assert manifest.classes == ["eel", "cat", "dog"]
     assert [view.name for view in manifest.views] == ["text", "image"]
+
+
+def _split_of(labels: np.ndarray) -> list[str]:
+    """Per sample, train, validation or test: the first two thirds train, then one of each by turns."""
+    cut = 2 * labels.size // 3
+    return (
+        ["train"] * cut
+        + ["validation", "test"] * ((labels.size - cut) // 2)
+        + ["test"] * ((labels.size - cut) % 2)
+    )
+
+
+def test_a_split_file_beside_the_views_is_refused_until_named(data):
+    # Left unnamed, split.txt went unread without a word: the fit split the samples its own way, and the
+    # test samples the user had set aside were trained on.
+    labels = np.load(data / "labels.npy")
+    (data / "split.txt").write_text("\n".join(_split_of(labels)) + "\n")
+    with pytest.raises(DataError) as caught:
+        load(data)
+    assert str(caught.value) == (
+        f"{data / 'split.txt'}: a train/validation/test split, one per line, which fit follows only when "
+        "named: pass --split-column split (or move it out of the directory to split the samples stratified)"
+    )
+    assert load(data, split_column="split").split is not None
+    (data / "notes.txt").write_text("train\nthe heads on the camera first\n")  # text, not a split
+    (data / "split.txt").rename(data / "fold.txt")
+    with pytest.raises(DataError, match=r"fold\.txt: a train/validation/test split"):
+        load(data)
+
+
+def test_a_split_saved_as_a_view_is_named_as_one(data, tmp_path):
+    labels = np.load(data / "labels.npy")
+    np.save(data / "fold.npy", np.asarray(_split_of(labels)))
+    with pytest.raises(
+        DataError, match=r"fold\.npy: dtype <U10 is not numeric; a view holds numbers"
+    ) as caught:
+        load(data)
+    assert str(caught.value).endswith(
+        "its values are a train/validation/test split, which fit follows when named: pass --split-column fold"
+    )
+    assert load(data, split_column="fold").split is not None
+
+
+def test_a_split_column_beside_the_views_is_refused_until_named(data, tmp_path):
+    # Beside views named with --views, the column went unread without a word; unnamed, it was refused as a
+    # view that is not numeric.
+    labels = np.load(data / "labels.npy")
+    views = {name: np.load(data / f"{name}.npy") for name in ("image", "text")}
+    columns = {name: list_column(matrix) for name, matrix in views.items()}
+    table = pa.table({**columns, "label": labels, "fold": pa.array(_split_of(labels)).dictionary_encode()})
+    pq.write_table(table, tmp_path / "data.parquet")
+    said = (
+        f"{tmp_path / 'data.parquet'} column 'fold': a train/validation/test split, which fit follows only "
+        "when named: pass --split-column fold (or leave it out of the file to split the samples stratified)"
+    )
+    for views_named in (None, ["image", "text"]):
+        with pytest.raises(DataError) as caught:
+            load(tmp_path / "data.parquet", views=views_named)
+        assert str(caught.value) == said
+    assert load(tmp_path / "data.parquet", split_column="fold").split is not None
+    kept = table.set_column(3, "fold", pa.array(["train", "kept"] * (labels.size // 2)))  # no split's name
+    pq.write_table(kept, tmp_path / "kept.parquet")
+    assert load(tmp_path / "kept.parquet", views=["image", "text"]).view_names == ("image", "text")
+    with pytest.raises(DataError, match="column 'fold': type string is not numeric"):
+        load(tmp_path / "kept.parquet")
