@@ -138,11 +138,14 @@ def repository_fingerprint(model_dir: Path) -> tuple:
     """What changes when anything the loader reads is added, removed, replaced or rewritten: the entries of
     ``model_dir`` and of its folders (a model's files), symlinks followed.
 
-    A symlink counts by where it points and by what it points to (its target's inode, size and time), so
+    A symlink counts by where it points and by what it points to (its target's inode, size and times), so
     that adding a symlinked model, swapping a link atomically (``ln -sfn v2 tmp && mv -T tmp current``, of
-    a model or of ``model_dir`` itself) and editing a file behind a link are all seen. Two levels deep and
-    each folder once: a symlink loop ends there. Hidden entries are not read (:func:`find_manifests`), nor
-    the files of a folder without a ``manifest.json``, which the loader does not read either.
+    a model or of ``model_dir`` itself) and editing a file behind a link are all seen; a link to nowhere or
+    in a loop by where it points, so that the reload it brings says why its model is refused. A file's
+    change time (ctime) counts beside its modification time, which ``cp -p`` or ``touch -r`` set back. Two
+    levels deep and each folder once: a symlink loop ends there. Hidden entries are not read
+    (:func:`find_manifests`), nor the files of a folder without a ``manifest.json``, which the loader does
+    not read either.
     """
     fingerprint: list[tuple] = [("", os.path.realpath(model_dir))]
     folders_seen: set[tuple[int, int]] = set()
@@ -163,15 +166,21 @@ def repository_fingerprint(model_dir: Path) -> tuple:
         for entry in entries:
             if entry.name.startswith("."):
                 continue
+            link = None
             try:
-                info = entry.stat()  # of the target, for a symlink
                 link = os.readlink(entry.path) if entry.is_symlink() else None
-            except OSError:  # a broken link, or gone
+                info = entry.stat()  # of the target, for a symlink
+            except OSError:  # gone, or a link to nowhere or in a loop: the load refuses that one, saying why
+                if link is not None:
+                    fingerprint.append((entry.path, link, None))
                 continue
             folder_entry = stat.S_ISDIR(info.st_mode)
             # A folder by what it is, not by its time or size: those change with its entries, which are
             # looked at where they count (a model's files), and which are none of the loader's elsewhere.
-            changes = (None, None) if folder_entry else (info.st_mtime_ns, info.st_size)
+            # A file's ctime too: a rewrite in place given its old time back (cp -p, touch -r) keeps the rest.
+            changes = (
+                (None, None, None) if folder_entry else (info.st_mtime_ns, info.st_ctime_ns, info.st_size)
+            )
             kind = stat.S_IFMT(info.st_mode)
             fingerprint.append((entry.path, link, kind, info.st_dev, info.st_ino, *changes))
             if depth > 1 and folder_entry:

@@ -56,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import http
 import logging
+import pickle
 import resource
 import socket
 import struct
@@ -701,6 +702,8 @@ class WorkerSupervisor(Multiprocess):
         self.retry_at: dict[int, float] = {}  # worker slot -> when to start it again (its start failed)
         self.retry_delay: dict[int, float] = {}  # worker slot -> the wait after its next failed start
         self.failed = False  # stopped because no worker could start: the process exits non-zero
+        self.first_seen: dict[Process, float] = {}  # a worker -> when its first health check was sent
+        self.answered: set[Process] = set()  # the workers that have answered a health check once
 
     def handle_signals(self) -> None:
         super().handle_signals()
@@ -724,6 +727,8 @@ class WorkerSupervisor(Multiprocess):
                     continue
                 else:
                     continue
+            if self._starting(process):
+                continue
             if process.is_alive(timeout=self.config.timeout_worker_healthcheck):
                 continue
             process.kill()  # hung: kill it
@@ -759,6 +764,28 @@ class WorkerSupervisor(Multiprocess):
             )
         self._forget_departed()
 
+    def _starting(self, process: Process) -> bool:
+        """Whether ``process`` is a worker still starting: one that has not yet answered uvicorn's health
+        check, alive, and first seen less than :data:`WORKER_START_SECONDS` ago. A worker answers only once
+        its interpreter has started and imported the service (3 s on a busy 2-core VM): held to the check's
+        5 s from the start, workers starting beside other work were killed as hung, and their replacements
+        too. One ping is sent and its answer awaited here (more would queue answers, each a later check
+        would take for a live worker's)."""
+        if process in self.answered:
+            return False
+        try:
+            if process not in self.first_seen:
+                self.first_seen[process] = time.monotonic()
+                process.parent_conn.send(b"ping")
+            if process.parent_conn.poll(0):
+                process.parent_conn.recv()
+                self.answered.add(process)
+                return False
+        except (OSError, EOFError, pickle.UnpicklingError):
+            return False  # dead: replaced as any other
+        alive = process.process.is_alive()
+        return alive and time.monotonic() - self.first_seen[process] < WORKER_START_SECONDS
+
     def _start(self, slot: int) -> None:
         process = Process(self.config, self.sockets)
         process.start()
@@ -773,9 +800,17 @@ class WorkerSupervisor(Multiprocess):
         super().terminate_all()
 
     def _forget_departed(self) -> None:
+        for gone in set(self.first_seen).difference(self.processes):
+            del self.first_seen[gone]
+        self.answered.intersection_update(self.processes)
         current = {process.pid for process in self.processes}
         metrics.forget_processes(pid for pid in self.known - current if pid is not None)
         self.known = current
+
+
+WORKER_START_SECONDS = 60.0
+"""How long a worker may take to answer its first health check (its interpreter's start and imports) before
+it is taken for hung; once it has answered, uvicorn's check (5 s) holds."""
 
 
 def supervise(config: Config) -> None:

@@ -120,6 +120,12 @@ def test_uvicorn_supervisor_that_worker_supervisor_extends():
         )
     parameters = list(inspect.signature(multiprocess.Process.__init__).parameters)
     assert parameters[1:3] == ["config", "sockets"], broken(UVICORN, f"Process(...) takes {parameters}", user)
+    # A starting worker's first health check is WorkerSupervisor's own: a ping on the worker's pipe.
+    worker = multiprocess.Process(Config(app=None), [])
+    pipe = getattr(worker, "parent_conn", None)
+    assert all(callable(getattr(pipe, name, None)) for name in ("send", "poll", "recv")), broken(
+        UVICORN, "a Multiprocess worker (Process) has no parent_conn pipe for its health check", user
+    )
     assert multiprocess.STARTUP_FAILURE == 3, broken(UVICORN, "STARTUP_FAILURE is no longer 3", user)
     assert isinstance(Config(app=None).timeout_worker_healthcheck, int | float), broken(
         UVICORN, "Config has no timeout_worker_healthcheck", user

@@ -22,6 +22,7 @@ import uvicorn
 
 from service.app import create_app
 from service.proto import grpc_predict_v2_pb2 as pb
+from service.repository import repository_fingerprint
 from service.server import guarded, uvicorn_options
 from service.settings import Settings
 from tests.service.conftest import MODELS, free_port, running_service, service_process, serving
@@ -267,6 +268,59 @@ def test_the_watcher_follows_symlinks_and_sees_atomic_swaps(tmp_path):
         swap(current, other)
         seen(lambda: models(url) == ["handwritten"] and default_lambda(url) == 1.0, "the repository swapped")
         assert metric(url, "dbf_model_reloads_total", outcome="failure") == 0
+
+
+@pytest.mark.parametrize("link", ["to nowhere", "in a loop"])
+def test_the_watcher_tries_a_model_linked_to_nowhere_and_says_why_it_is_refused(tmp_path, link):
+    """A symlinked model whose link leads nowhere (a typo in the target, a release not yet copied) or in a
+    loop: a reload refuses it, naming it (409). The watcher did not see it at all: no reload, no failure
+    counted, no line in the log; the operator saw only a model that never came. Once its target is there,
+    it is loaded."""
+    root = repository(tmp_path, "handwritten")
+    target = tmp_path / "releases" / "pie"
+    with serving(root, reload_poll_seconds=0.1) as url:
+        failures = metric(url, "dbf_model_reloads_total", outcome="failure")
+        if link == "to nowhere":
+            (root / "pie").symlink_to(target)
+        else:
+            (root / "pie").symlink_to(root / "pie-again")
+            (root / "pie-again").symlink_to(root / "pie")
+        eventually(
+            lambda: metric(url, "dbf_model_reloads_total", outcome="failure") > failures,
+            f"the watcher did not try a model linked {link}",
+            seconds=10,
+        )
+        assert models(url) == ["handwritten"]
+        if link == "in a loop":
+            (root / "pie-again").unlink()
+            (root / "pie").unlink()
+            (root / "pie").symlink_to(target)
+        shutil.copytree(MODELS / "pie", target)
+        eventually(lambda: models(url) == ["handwritten", "pie"], "the watcher did not load the fixed link")
+
+
+def test_the_watcher_sees_a_file_rewritten_in_place_with_its_size_and_time_kept(tmp_path):
+    """``cp -p``, ``rsync -t`` or ``touch -r`` give a file rewritten in place the time of another; with
+    the same size, the watcher saw no change, and served the old model for ever beside the new files. A
+    file's change time (ctime), which no tool sets, tells. (The fingerprint itself: the watcher polling the
+    service might look between the write and the time set back.)"""
+    root = repository(tmp_path, "handwritten")
+    manifest = root / "handwritten" / "manifest.json"
+    seen = repository_fingerprint(root)
+    before = manifest.stat()
+    text = manifest.read_text()
+    edited = text.replace('"version": "1"', '"version": "2"')
+    assert edited != text and len(edited) == len(text)
+    with manifest.open("r+") as rewritten:  # in place: the same inode
+        rewritten.write(edited)
+    os.utime(manifest, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = manifest.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (
+        before.st_ino,
+        before.st_size,
+        before.st_mtime_ns,
+    )
+    assert repository_fingerprint(root) != seen
 
 
 def set_default_lambda(model: Path, lam: float) -> None:

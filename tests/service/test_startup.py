@@ -112,6 +112,19 @@ def test_a_head_with_the_wrong_signature_is_refused(tmp_path):
     assert "text.onnx: takes ['x']" in done.stderr
 
 
+class _AnsweringPipe:
+    """A stand-in for the pipe of uvicorn's health check to a worker that answers at once."""
+
+    def send(self, message: bytes) -> None:
+        pass
+
+    def poll(self, timeout: float) -> bool:
+        return True
+
+    def recv(self) -> bool:
+        return True
+
+
 class _FakeWorker:
     """A stand-in for uvicorn's worker Process in :class:`service.server.WorkerSupervisor`'s bookkeeping."""
 
@@ -122,6 +135,7 @@ class _FakeWorker:
         self.pid = 1000 + _FakeWorker.started
         self.alive, self.exitcode = alive, exitcode
         self.process = self  # uvicorn's Process wraps a multiprocessing one: process.process.is_alive()
+        self.parent_conn = _AnsweringPipe()  # the health check's: this one has always answered
 
     def is_alive(self, timeout: float = 5) -> bool:
         return self.alive
@@ -171,3 +185,19 @@ def test_a_worker_that_fails_to_start_again_is_retried_while_another_serves(monk
     sibling.alive, sibling.exitcode = False, STARTUP_FAILURE
     supervisor.keep_subprocess_alive()
     assert supervisor.should_exit.is_set() and supervisor.failed
+
+
+def test_workers_slow_to_start_are_not_killed_as_hung(tmp_path):
+    """A worker answers uvicorn's health check only once its interpreter has started and imported the
+    service (3 s on a busy 2-core VM; here 8 s more, as on a slower one). uvicorn's supervisor gives it 5 s,
+    then kills it as hung and starts another, which fares no better: with two workers, one served and the
+    other slot was killed and started again every 6 s for ever (the health checks run in turn, so the second
+    worker had its first one later). A worker may take up to a minute to answer first."""
+    slow = tmp_path / "slow-interpreter"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text("import time\n\ntime.sleep(8)\n")
+    path = os.pathsep.join(filter(None, [str(slow), os.environ.get("PYTHONPATH")]))
+    with service_process("--workers", "2", env={"PYTHONPATH": path}, timeout=120) as (url, service):
+        workers = set(worker_processes(service.pid))
+        assert len(workers) == 2
+        _until_every_worker_serves(url, workers)
