@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.service.conftest import running_service, start_and_fail
+from tests.service.conftest import free_port, running_service, start_and_fail
 from tests.service.test_service import HANDWRITTEN_DIMS, zeros_sample
 
 onnx = pytest.importorskip("onnx")
@@ -592,6 +592,39 @@ def test_a_setting_mistyped_or_out_of_range_refuses_to_start_naming_it(args, env
     assert done.returncode != 0
     assert said in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "said"),
+    [
+        ([], {"DBF_HOST": ""}, "DBF_HOST: Value error, set but empty"),
+        (["--host", ""], {}, "--host '' (or DBF_HOST): empty"),
+        (["--host", "[::1]"], {}, "--host '[::1]' (or DBF_HOST): not an address to listen on"),
+        ([], {"DBF_HOST": "host.invalid"}, "--host 'host.invalid' (or DBF_HOST): not an address to listen"),
+    ],
+    ids=["empty-variable", "empty-flag", "bracketed", "unresolvable"],
+)  # fmt: skip
+def test_an_empty_or_unresolvable_host_refuses_to_start_naming_it(args, env, said):
+    """A probe of the settings: DBF_HOST= (a compose file's unset ${HOST}) served HTTP on every interface,
+    with a warning about 'listening on  '; a host that does not resolve stopped the service after its models
+    loaded, blaming DBF_GRPC_PORT ('cannot serve gRPC on port 8081'), or, with gRPC off, saying only
+    '[Errno -2] Name or service not known'."""
+    done = start_and_fail("--model-dir", str(MODELS / "handwritten"), "--grpc-port", "0", *args, env=env)
+    assert done.returncode != 0
+    assert said in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_an_address_grpc_cannot_listen_on_is_named_with_its_host():
+    """192.0.2.1 (TEST-NET-1) is no address of this machine: the error blamed the gRPC port alone."""
+    grpc_port = free_port()
+    done = start_and_fail(
+        "--model-dir", str(MODELS / "handwritten"), "--host", "192.0.2.1", "--grpc-port", str(grpc_port)
+    )
+    assert done.returncode != 0
+    assert f"cannot serve gRPC on 192.0.2.1 port {grpc_port} (DBF_HOST, DBF_GRPC_PORT" in done.stderr, (
+        done.stderr
+    )
 
 
 def test_the_same_port_for_http_and_grpc_is_refused_up_front():
