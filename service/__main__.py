@@ -89,7 +89,7 @@ def _arguments(argv: list[str] | None, defaults: Settings) -> argparse.Namespace
         help="worker processes, or auto: one per core this process may use (affinity, cgroup CPU quota)",
     )
     parser.add_argument(
-        "--model-dir", type=Path, default=defaults.model_dir, help="one model or a repository"
+        "--model-dir", type=_model_dir, default=defaults.model_dir, help="one model or a repository"
     )
     parser.add_argument(
         "--device",
@@ -234,6 +234,14 @@ def _port(lowest: int) -> Callable[[str], int]:
         return number
 
     return port
+
+
+def _model_dir(text: str) -> Path:
+    """An argparse type: a path that is not empty (``Path("")`` is the working directory, unasked, and one of
+    blanks failed in each worker's settings, a traceback)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is empty: give the model repository's path")
+    return Path(text)
 
 
 def _workers(text: str) -> int | str:

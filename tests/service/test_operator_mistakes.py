@@ -575,19 +575,23 @@ def test_an_empty_api_key_refuses_to_start(key):
         ([], {"DBF_BATCH_MAX_DELAY_MS": "inf"}, "DBF_BATCH_MAX_DELAY_MS: Input should be less than or equal"),
         ([], {"DBF_GRPC_BATCH_DELAY_MS": "1e30"}, "DBF_GRPC_BATCH_DELAY_MS: Input should be less than"),
         ([], {"DBF_MODEL_DIR": ""}, "DBF_MODEL_DIR: Value error, set but empty"),
+        (["--model-dir", ""], {}, "argument --model-dir: '' is empty: give the model repository's path"),
+        (["--model-dir", " "], {}, "argument --model-dir: ' ' is empty: give the model repository's path"),
         ([], {"DBF_WORKERS": "0"}, "DBF_WORKERS: Input should be greater than or equal to 1"),
         ([], {"DBF_API_KEY": "clé"}, "DBF_API_KEY: Value error, holds a character that is not printable"),
         ([], {"DBF_API_KEY": "first\nsecond"}, "DBF_API_KEY: Value error, holds a character that is not"),
     ],
     ids=["key-typo", "port-typo", "port-range", "grpc-port-range", "port-zero", "log-level", "delay",
-         "grpc-delay", "empty-model-dir", "workers", "key-not-ascii", "key-of-two-lines"],
+         "grpc-delay", "empty-model-dir", "empty-model-dir-flag", "blank-model-dir-flag", "workers",
+         "key-not-ascii", "key-of-two-lines"],
 )  # fmt: skip
 def test_a_setting_mistyped_or_out_of_range_refuses_to_start_naming_it(args, env, said):
     """A probe of the settings: a typo of DBF_API_KEY started the service with the API open; DBF_GRPCPORT
-    left gRPC on; --port 70000 listened on 4464, DBF_PORT=0 on a port the kernel chose; an unknown log
-    level, or an unbounded batch wait (every request then hung), ended in a traceback or not at all; a key
-    of 'clé' served, answering 401 to the key sent by curl (UTF-8 read as Latin-1) and INTERNAL to gRPC's
-    clients (which refuse to send it). Each now stops before anything starts."""
+    left gRPC on; --port 70000 listened on 4464, DBF_PORT=0 on a port the kernel chose; --model-dir '' looked
+    for models in the working directory, --model-dir ' ' ended in a traceback; an unknown log level, or an
+    unbounded batch wait (every request then hung), ended in a traceback or not at all; a key of 'clé'
+    served, answering 401 to the key sent by curl (UTF-8 read as Latin-1) and INTERNAL to gRPC's clients
+    (which refuse to send it). Each now stops before anything starts."""
     done = start_and_fail("--model-dir", str(MODELS / "handwritten"), *args, env=env)
     assert done.returncode != 0
     assert said in done.stderr, done.stderr
