@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -629,6 +630,20 @@ def test_an_address_grpc_cannot_listen_on_is_named_with_its_host():
     assert f"cannot serve gRPC on 192.0.2.1 port {grpc_port} (DBF_HOST, DBF_GRPC_PORT" in done.stderr, (
         done.stderr
     )
+
+
+def test_a_port_in_use_with_several_workers_is_named_with_its_setting():
+    """With --workers 2 the port busy was said as '[Errno 98] Address already in use' alone: no address, no
+    setting (one worker's uvicorn names the address)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        model = str(MODELS / "handwritten")
+        done = start_and_fail("--model-dir", model, "--workers", "2", "--port", str(port), "--grpc-port", "0")
+    assert done.returncode != 0
+    assert f"cannot listen on 127.0.0.1 port {port} (DBF_HOST, DBF_PORT" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_the_same_port_for_http_and_grpc_is_refused_up_front():
