@@ -27,6 +27,7 @@ import argparse
 import atexit
 import ipaddress
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Callable
@@ -88,7 +89,7 @@ def _arguments(argv: list[str] | None, defaults: Settings) -> argparse.Namespace
         help="worker processes, or auto: one per core this process may use (affinity, cgroup CPU quota)",
     )
     parser.add_argument(
-        "--model-dir", type=Path, default=defaults.model_dir, help="one model or a repository"
+        "--model-dir", type=_model_dir, default=defaults.model_dir, help="one model or a repository"
     )
     parser.add_argument(
         "--device",
@@ -103,11 +104,28 @@ def _arguments(argv: list[str] | None, defaults: Settings) -> argparse.Namespace
         choices=["debug", "info", "warning", "error", "critical"],
     )
     args = parser.parse_args(argv)
+    _check_host(parser, args.host)
     if args.grpc_port == args.port:
         parser.error(f"--grpc-port {args.grpc_port} is --port's too: give gRPC a port of its own, or 0")
     if args.workers == "auto":
         args.workers = available_cores()
     return args
+
+
+def _check_host(parser: argparse.ArgumentParser, host: str) -> None:
+    """Refuse a host nothing can listen on, before anything loads: uvicorn read an empty one as every
+    interface, and one that does not resolve (``[::1]``, a typo) failed only once the models had loaded,
+    in a message that named DBF_GRPC_PORT."""
+    if not host.strip():
+        parser.error("--host '' (or DBF_HOST): empty; give an address to listen on (127.0.0.1, 0.0.0.0)")
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as error:
+        reason = error.strerror if isinstance(error, socket.gaierror) else "not a host name"
+        parser.error(
+            f"--host {host!r} (or DBF_HOST): not an address to listen on ({reason}); give an IP address "
+            "(127.0.0.1, 0.0.0.0, ::1, without brackets) or a name this machine resolves"
+        )
 
 
 def _warn(args: argparse.Namespace, defaults: Settings) -> None:
@@ -216,6 +234,14 @@ def _port(lowest: int) -> Callable[[str], int]:
         return number
 
     return port
+
+
+def _model_dir(text: str) -> Path:
+    """An argparse type: a path that is not empty (``Path("")`` is the working directory, unasked, and one of
+    blanks failed in each worker's settings, a traceback)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is empty: give the model repository's path")
+    return Path(text)
 
 
 def _workers(text: str) -> int | str:

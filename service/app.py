@@ -90,7 +90,10 @@ async def _start_grpc(plane: DataPlane, settings: Settings) -> grpc_server.GrpcF
         return await grpc_server.start(plane, settings, _version())
     except RuntimeError as error:
         log.error(
-            "cannot serve gRPC on port %d (DBF_GRPC_PORT; 0 turns it off): %s", settings.grpc_port, error
+            "cannot serve gRPC on %s port %d (DBF_HOST, DBF_GRPC_PORT; 0 turns it off): %s",
+            settings.host,
+            settings.grpc_port,
+            error,
         )
         raise SystemExit(1) from None
 

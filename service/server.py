@@ -816,7 +816,14 @@ it is taken for hung; once it has answered, uvicorn's check (5 s) holds."""
 def supervise(config: Config) -> None:
     """Run ``config.workers`` worker processes on one socket bound here, as ``uvicorn.run`` does, under
     :class:`WorkerSupervisor`."""
-    supervisor = WorkerSupervisor(config, sockets=[config.bind_socket()])
+    try:
+        bound = config.bind_socket()
+    except SystemExit:  # uvicorn logged the OSError alone ('[Errno 98] Address already in use'), no address
+        _supervisor_log.error(
+            "cannot listen on %s port %d (DBF_HOST, DBF_PORT; --host, --port)", config.host, config.port
+        )
+        raise
+    supervisor = WorkerSupervisor(config, sockets=[bound])
     supervisor.run()
     if supervisor.failed:
         raise SystemExit(1)

@@ -197,6 +197,13 @@ class Settings(BaseSettings):
             raise ValueError("set but empty: give the model repository's path, or unset it for models/")
         return path
 
+    @field_validator("host")
+    @classmethod
+    def _host_given(cls, host: str) -> str:
+        if not host.strip():  # uvicorn reads "" as every interface: an unset ${HOST} would open the service
+            raise ValueError("set but empty: give an address to listen on, or unset it for 127.0.0.1")
+        return host
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _level_in_lower_case(cls, level: object) -> object:

@@ -101,7 +101,8 @@ def _experiment(args: argparse.Namespace) -> int:
             f"acc {m.acc_normal:.3f} conflict {m.acc_conflict:.3f} auc {m.auc:.3f} "
             f"({r.seconds:.1f} s)"
         )
-    print(f"{len(results)} runs in {wall / 60:.1f} min with {args.workers} workers")
+    processes = min(args.workers, len(specs))  # run_grid starts no more than one per run
+    print(f"{len(results)} runs in {wall / 60:.1f} min with {processes} workers")
     try:
         print(f"wrote {write_results(results, args.out, wall_seconds=wall)}")
     except (ResultsDirError, OSError) as error:

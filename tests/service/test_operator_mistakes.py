@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.service.conftest import running_service, start_and_fail
+from tests.service.conftest import free_port, running_service, start_and_fail
 from tests.service.test_service import HANDWRITTEN_DIMS, zeros_sample
 
 onnx = pytest.importorskip("onnx")
@@ -575,22 +576,73 @@ def test_an_empty_api_key_refuses_to_start(key):
         ([], {"DBF_BATCH_MAX_DELAY_MS": "inf"}, "DBF_BATCH_MAX_DELAY_MS: Input should be less than or equal"),
         ([], {"DBF_GRPC_BATCH_DELAY_MS": "1e30"}, "DBF_GRPC_BATCH_DELAY_MS: Input should be less than"),
         ([], {"DBF_MODEL_DIR": ""}, "DBF_MODEL_DIR: Value error, set but empty"),
+        (["--model-dir", ""], {}, "argument --model-dir: '' is empty: give the model repository's path"),
+        (["--model-dir", " "], {}, "argument --model-dir: ' ' is empty: give the model repository's path"),
         ([], {"DBF_WORKERS": "0"}, "DBF_WORKERS: Input should be greater than or equal to 1"),
         ([], {"DBF_API_KEY": "clé"}, "DBF_API_KEY: Value error, holds a character that is not printable"),
         ([], {"DBF_API_KEY": "first\nsecond"}, "DBF_API_KEY: Value error, holds a character that is not"),
     ],
     ids=["key-typo", "port-typo", "port-range", "grpc-port-range", "port-zero", "log-level", "delay",
-         "grpc-delay", "empty-model-dir", "workers", "key-not-ascii", "key-of-two-lines"],
+         "grpc-delay", "empty-model-dir", "empty-model-dir-flag", "blank-model-dir-flag", "workers",
+         "key-not-ascii", "key-of-two-lines"],
 )  # fmt: skip
 def test_a_setting_mistyped_or_out_of_range_refuses_to_start_naming_it(args, env, said):
     """A probe of the settings: a typo of DBF_API_KEY started the service with the API open; DBF_GRPCPORT
-    left gRPC on; --port 70000 listened on 4464, DBF_PORT=0 on a port the kernel chose; an unknown log
-    level, or an unbounded batch wait (every request then hung), ended in a traceback or not at all; a key
-    of 'clé' served, answering 401 to the key sent by curl (UTF-8 read as Latin-1) and INTERNAL to gRPC's
-    clients (which refuse to send it). Each now stops before anything starts."""
+    left gRPC on; --port 70000 listened on 4464, DBF_PORT=0 on a port the kernel chose; --model-dir '' looked
+    for models in the working directory, --model-dir ' ' ended in a traceback; an unknown log level, or an
+    unbounded batch wait (every request then hung), ended in a traceback or not at all; a key of 'clé'
+    served, answering 401 to the key sent by curl (UTF-8 read as Latin-1) and INTERNAL to gRPC's clients
+    (which refuse to send it). Each now stops before anything starts."""
     done = start_and_fail("--model-dir", str(MODELS / "handwritten"), *args, env=env)
     assert done.returncode != 0
     assert said in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "said"),
+    [
+        ([], {"DBF_HOST": ""}, "DBF_HOST: Value error, set but empty"),
+        (["--host", ""], {}, "--host '' (or DBF_HOST): empty"),
+        (["--host", "[::1]"], {}, "--host '[::1]' (or DBF_HOST): not an address to listen on"),
+        ([], {"DBF_HOST": "host.invalid"}, "--host 'host.invalid' (or DBF_HOST): not an address to listen"),
+    ],
+    ids=["empty-variable", "empty-flag", "bracketed", "unresolvable"],
+)  # fmt: skip
+def test_an_empty_or_unresolvable_host_refuses_to_start_naming_it(args, env, said):
+    """A probe of the settings: DBF_HOST= (a compose file's unset ${HOST}) served HTTP on every interface,
+    with a warning about 'listening on  '; a host that does not resolve stopped the service after its models
+    loaded, blaming DBF_GRPC_PORT ('cannot serve gRPC on port 8081'), or, with gRPC off, saying only
+    '[Errno -2] Name or service not known'."""
+    done = start_and_fail("--model-dir", str(MODELS / "handwritten"), "--grpc-port", "0", *args, env=env)
+    assert done.returncode != 0
+    assert said in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_an_address_grpc_cannot_listen_on_is_named_with_its_host():
+    """192.0.2.1 (TEST-NET-1) is no address of this machine: the error blamed the gRPC port alone."""
+    grpc_port = free_port()
+    done = start_and_fail(
+        "--model-dir", str(MODELS / "handwritten"), "--host", "192.0.2.1", "--grpc-port", str(grpc_port)
+    )
+    assert done.returncode != 0
+    assert f"cannot serve gRPC on 192.0.2.1 port {grpc_port} (DBF_HOST, DBF_GRPC_PORT" in done.stderr, (
+        done.stderr
+    )
+
+
+def test_a_port_in_use_with_several_workers_is_named_with_its_setting():
+    """With --workers 2 the port busy was said as '[Errno 98] Address already in use' alone: no address, no
+    setting (one worker's uvicorn names the address)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        model = str(MODELS / "handwritten")
+        done = start_and_fail("--model-dir", model, "--workers", "2", "--port", str(port), "--grpc-port", "0")
+    assert done.returncode != 0
+    assert f"cannot listen on 127.0.0.1 port {port} (DBF_HOST, DBF_PORT" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
 
 

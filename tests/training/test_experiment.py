@@ -142,6 +142,14 @@ def test_experiment_command_sweeps_lambda(tmp_path, capsys):
     assert "2 runs in" in capsys.readouterr().out
 
 
+def test_the_summary_counts_the_worker_processes_that_ran_not_those_asked(tmp_path, capsys):
+    """One run with --workers 4 ran in one process ('at most one per run', as --help says), and the summary
+    said '1 runs in 0.0 min with 4 workers'."""
+    argv = ["experiment", "--dataset", "synthetic", "--epochs", "1", "--workers", "4"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    assert "1 runs in" in (out := capsys.readouterr().out) and "with 1 workers" in out, out
+
+
 def test_activation_paper_is_the_papers_table_3_setup(tmp_path):
     argv = ["experiment", "--dataset", "synthetic", "--methods", "dbf,gbaf,bcf", "--activation", "paper"]
     assert main([*argv, "--epochs", "2", "--workers", "1", "--out", str(tmp_path)]) == 0
