@@ -533,6 +533,7 @@ def test_a_one_core_container_runs_one_worker_and_one_inference_thread(cpu_image
 # --- the compose stack, at last: the alert ------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the rule's `for:` and a notification
 def test_compose_stopping_the_service_fires_service_down(stack: ComposeStack):
     """DBFServiceDown reaches Alertmanager once the service has been down for the rule's `for:`."""
     stack.stop_service()

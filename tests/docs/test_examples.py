@@ -62,7 +62,14 @@ def _runnable(page: Path) -> list[Block]:
     return [block for block in blocks(page) if block.marker == "run"]
 
 
-@pytest.mark.parametrize("page", [p for p in pages() if _runnable(p)], ids=lambda p: str(p.relative_to(ROOT)))
+def _with_slow_marked(page: Path) -> object:
+    """The README's blocks fit a model with the defaults: a minute or more."""
+    return pytest.param(page, marks=pytest.mark.slow) if page == ROOT / "README.md" else page
+
+
+@pytest.mark.parametrize(
+    "page", [_with_slow_marked(p) for p in pages() if _runnable(p)], ids=lambda p: str(p.relative_to(ROOT))
+)
 def test_page_examples_run(page, workdir, service):
     for block in _runnable(page):
         done = _run(block, workdir, service)

@@ -60,6 +60,7 @@ def xor_views(n: int = 200) -> tuple[dict[str, np.ndarray], np.ndarray]:
 CUT_SHORT = "stopped by the epoch cap while the validation loss still improved (raise --epochs)"
 
 
+@pytest.mark.slow  # 10,000 optimizer steps, twice (the heads, then the cross-fitting)
 def test_the_default_budget_fits_small_data_that_a_fixed_1000_epochs_underfit(tmp_path, capsys):
     data = write_npy(tmp_path / "data", *slow_to_learn())
     old = tmp_path / "old"
