@@ -118,6 +118,15 @@ def check_json_text(text: bytes, signature: ModelSignature, *, max_samples: int)
     return brackets
 
 
+def too_many_samples(n: int, max_samples: int) -> PayloadTooLarge:
+    """The 413 for a request of ``n`` samples, more than ``DBF_MAX_SAMPLES`` (``max_samples``) lets in,
+    whatever its protocol: naming the setting, as the body's and the answer's limits do."""
+    return PayloadTooLarge(
+        f"{n} samples in one request; at most {max_samples} are accepted (DBF_MAX_SAMPLES): send them in "
+        "requests of fewer"
+    )
+
+
 def check_json_containers(text: bytes, brackets: int, signature: ModelSignature, *, max_samples: int) -> None:
     """A 400 for JSON ``text`` (of ``brackets`` ``[``) holding more arrays and objects than a request of at
     most ``max_samples`` samples does: before a parser that makes a Python object of each (json, msgspec)

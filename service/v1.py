@@ -21,7 +21,7 @@ import numpy as np
 import orjson
 
 from service import json_numbers
-from service.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
+from service.errors import InvalidInput, UnsupportedMediaType
 from service.inference import (
     InferenceRequest,
     JSONConstant,
@@ -30,6 +30,7 @@ from service.inference import (
     check_json_containers,
     check_json_text,
     request_options,
+    too_many_samples,
 )
 from service.outputs import FIELDS, json_array, slices
 from service.schemas import PredictRequest
@@ -160,7 +161,7 @@ def _read(
     if type(samples) is not json_numbers.Array or not samples:
         return None
     if len(samples) > max_samples:
-        raise PayloadTooLarge(_too_many(len(samples), max_samples))
+        raise too_many_samples(len(samples), max_samples)
     layout, names = signature.view_layout, signature.view_index.keys()
     present, buffers = [], []
     for sample in samples:
@@ -224,7 +225,7 @@ def _parse_strict(body: bytes, signature: ModelSignature, max_samples: int) -> I
     if not samples:
         raise InvalidInput("'samples' is empty: send at least one sample")
     if len(samples) > max_samples:
-        raise PayloadTooLarge(_too_many(len(samples), max_samples))
+        raise too_many_samples(len(samples), max_samples)
     views, index = signature.views, signature.view_index
     rows: dict[str, list[np.ndarray]] = {view.name: [] for view in views}
     present = np.zeros((len(samples), len(views)), dtype=bool)
@@ -244,10 +245,6 @@ def _parse_strict(body: bytes, signature: ModelSignature, max_samples: int) -> I
         for view in views
     }
     return InferenceRequest(features, present, method, lam, coverage)
-
-
-def _too_many(n: int, max_samples: int) -> str:
-    return f"{n} samples in one request; at most {max_samples} are accepted"
 
 
 def _options(payload: dict, signature: ModelSignature) -> tuple[str, float, float | None]:

@@ -30,7 +30,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from service.errors import InvalidInput, PayloadTooLarge
+from service.errors import InvalidInput
 from service.inference import (
     JSON_BESIDE_SAMPLES,
     InferenceRequest,
@@ -40,6 +40,7 @@ from service.inference import (
     check_json_containers,
     check_json_text,
     request_options,
+    too_many_samples,
 )
 from service.lengths import MAX_DIGITS, declared_length
 from service.outputs import DTYPES, TENSORS, Output, json_array, slices
@@ -486,7 +487,7 @@ def _arrays(
             raise InvalidInput(f"{where}: shape must be [N, {dim}] with N >= 1, got {tensor.shape}")
         rows = tensor.shape[0]
         if rows > max_samples:
-            raise PayloadTooLarge(f"{rows} samples in one request; at most {max_samples} are accepted")
+            raise too_many_samples(rows, max_samples)
         if n is not None and rows != n:
             raise InvalidInput(f"{where}: {rows} rows where the inputs before have {n}")
         n = rows

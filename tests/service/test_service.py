@@ -245,7 +245,11 @@ BAD = [
     ({"samples": [zeros_sample()], "lambda": "1"}, 400, "'lambda' must be a positive finite number"),
     ({"samples": [zeros_sample()], "extra": 1}, 400, "unknown field(s) ['extra']"),
     ([1, 2], 400, "body must be a JSON object"),
-    ({"samples": [zeros_sample(pix=240)] * 1025}, 413, "1025 samples in one request; at most 1024"),
+    (
+        {"samples": [zeros_sample(pix=240)] * 1025},
+        413,
+        "1025 samples in one request; at most 1024 are accepted (DBF_MAX_SAMPLES)",
+    ),
 ]
 
 

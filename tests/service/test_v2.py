@@ -145,7 +145,7 @@ MOR = np.full((2, 6), 0.5, np.float32).tobytes()
         ([{"name": "mor", "datatype": "FP32", "shape": [2, 6], "parameters": {"binary_data_size": 48}}],
          np.full((2, 6), np.inf, np.float32).tobytes(), None, 400, "row 0 has a value that is not a finite"),
         ([{"name": "mor", "datatype": "FP32", "shape": [65, 6], "parameters": {"binary_data_size": 1560}}],
-         bytes(1560), None, 413, "at most 64"),
+         bytes(1560), None, 413, "at most 64 are accepted (DBF_MAX_SAMPLES)"),
         ([{"name": "mor", "datatype": "FP32", "shape": [2, 6]}],
          MOR, None, 400, "no data and no binary_data_size"),
         ([], b"", None, 400, "no inputs"),
