@@ -798,7 +798,7 @@ def test_a_grpc_port_another_server_shares_is_refused_by_a_single_worker():
         port = taken.getsockname()[1]
         failed = start_and_fail("--grpc-port", str(port), "--model-dir", str(MODELS / "scene15"))
     assert failed.returncode != 0
-    assert f"cannot serve gRPC on port {port}" in failed.stdout + failed.stderr
+    assert f"cannot serve gRPC on 127.0.0.1 port {port}" in failed.stdout + failed.stderr
 
 
 def _listening(port: int) -> set[str]:
