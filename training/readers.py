@@ -168,9 +168,6 @@ _SPLIT_ALIASES = {
     "test": 2,
     "testing": 2,
 }
-_SPLIT_HINT = (
-    "; its values are a train/validation/test split, which fit follows when named: pass --split-column {}"
-)
 _INTEGER = re.compile(r"[+-]?\d+")
 _INT64 = np.iinfo(np.int64)
 _EXACT_FLOAT = 2**53  # every integer up to this is a float64; beyond it, every other one is not
@@ -327,8 +324,6 @@ def read_npy_directory(
             "Spark or Dask write it); fit reads one Parquet file, or a directory of .npy files: write it as "
             "one file (e.g. pandas.read_parquet of the directory, then to_parquet to a file)"
         )
-    if split_column is None:
-        _refuse_unnamed_split(directory, other_text={label_column, "classes"})
     reserved = {label_column, *([split_column] if split_column else [])}
     labels = _text_or_npy(directory, label_column, role="labels")
     if labels is None:
@@ -338,6 +333,8 @@ def read_npy_directory(
         split = _text_or_npy(directory, split_column, role="split")
         if split is None:
             raise _no_stem_file(directory, split_column, "--split-column", "the split column")
+    else:
+        _refuse_unnamed_split(directory, label_column=label_column)
     found = sorted(path.stem for path in directory.glob("*.npy") if path.stem not in reserved)
     names = list(views) if views is not None else found
     for name in names:
@@ -405,7 +402,6 @@ def _open_npy(path: Path, *, directory: Path) -> np.ndarray:
         raise DataError(
             f"{path}: dtype {array.dtype} is not numeric; a view holds numbers, shape (N, d) (every .npy "
             "file but the labels is a view: move it out of the directory, or name the views with --views)"
-            + (_SPLIT_HINT.format(path.stem) if _split_like(array.reshape(-1)) else "")
         )
     if array.ndim != 2:
         hint = ""
@@ -467,23 +463,35 @@ def _split_like(values: Iterable[object]) -> bool:
     return seen
 
 
-def _refuse_unnamed_split(directory: Path, *, other_text: set[str]) -> None:
-    """A ``.txt`` file of split names in an ``.npy`` directory while no ``--split-column`` names it: fit
-    would split the samples its own way and leave the user's split unread, without a word."""
-    for path in sorted(directory.glob("*.txt")):
-        if path.stem in other_text or not path.is_file():
+def _refuse_unnamed_split(directory: Path, *, label_column: str) -> None:
+    """A file of split names (``.txt``, one per line, or a ``.npy`` of strings) in an ``.npy`` directory
+    while no ``--split-column`` names it: fit would split the samples its own way and leave the user's split
+    unread, without a word (beside views named with --views), or refuse it as a view that is no number."""
+    for path in sorted([*directory.glob("*.txt"), *directory.glob("*.npy")]):
+        if path.stem in (label_column, "classes") or not path.is_file():
             continue
-        try:
-            with path.open("rb") as file:
-                first = file.read(64).split(b"\n", 1)[0].decode("utf-8-sig", "replace")
-        except OSError:  # unreadable: fit reads no such file, and a split would be read from none
-            continue
-        if _split_like([first]) and _split_like(_lines(path, directory=directory, role="split")):
+        if _split_like(_split_candidate(path, directory=directory)):
             raise DataError(
-                f"{path}: a train/validation/test split, one per line, which fit follows only when named: "
-                f"pass --split-column {path.stem} (or move it out of the directory to split the samples "
+                f"{path}: a train/validation/test split, which fit follows only when named: pass "
+                f"--split-column {path.stem} (or move it out of the directory to split the samples "
                 "stratified)"
             )
+
+
+def _split_candidate(path: Path, *, directory: Path) -> Iterable[object]:
+    """The values of a file that may hold a split, read only as far as it can: a text file whose first
+    line names a split, a ``.npy`` array of strings, one per sample; nothing for any other."""
+    try:
+        _regular_file(path, directory=directory)  # no link out of the directory, no device, read or not
+        if path.suffix == ".txt":
+            with path.open("rb") as file:
+                first = file.read(64).split(b"\n", 1)[0].decode("utf-8-sig", "replace")
+            return _lines(path, directory=directory, role="split") if _split_like([first]) else ()
+        values = _load_npy(path, directory=directory, mmap=True, instead="")
+    except (OSError, DataError):  # unreadable or malformed: said where the file is read as what it is
+        return ()
+    one_per_sample = values.ndim in (1, 2) and values.size == values.shape[0]
+    return values.reshape(-1) if values.dtype.kind == "U" and one_per_sample else ()
 
 
 def _text_or_npy(directory: Path, stem: str, *, role: str) -> Column | None:

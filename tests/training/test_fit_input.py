@@ -674,35 +674,30 @@ def _split_of(labels: np.ndarray) -> list[str]:
     )
 
 
-def test_a_split_file_beside_the_views_is_refused_until_named(data):
+@pytest.mark.parametrize("saved_as", ["txt", "npy"])
+def test_a_split_file_beside_the_views_is_refused_until_named(saved_as, data):
     # Left unnamed, split.txt went unread without a word: the fit split the samples its own way, and the
-    # test samples the user had set aside were trained on.
-    labels = np.load(data / "labels.npy")
-    (data / "split.txt").write_text("\n".join(_split_of(labels)) + "\n")
-    with pytest.raises(DataError) as caught:
-        load(data)
-    assert str(caught.value) == (
-        f"{data / 'split.txt'}: a train/validation/test split, one per line, which fit follows only when "
-        "named: pass --split-column split (or move it out of the directory to split the samples stratified)"
+    # test samples the user had set aside were trained on; split.npy too beside views named with --views.
+    split = _split_of(np.load(data / "labels.npy"))
+    if saved_as == "txt":
+        (data / "split.txt").write_text("\n".join(split) + "\n")
+    else:
+        np.save(data / "split.npy", np.asarray(split))
+    said = (
+        f"{data / f'split.{saved_as}'}: a train/validation/test split, which fit follows only when named: "
+        "pass --split-column split (or move it out of the directory to split the samples stratified)"
     )
+    for views in (None, ["image", "text"]):
+        with pytest.raises(DataError) as caught:
+            load(data, views=views)
+        assert str(caught.value) == said
     assert load(data, split_column="split").split is not None
     (data / "notes.txt").write_text("train\nthe heads on the camera first\n")  # text, not a split
-    (data / "split.txt").rename(data / "fold.txt")
-    with pytest.raises(DataError, match=r"fold\.txt: a train/validation/test split"):
-        load(data)
-
-
-def test_a_split_saved_as_a_view_is_named_as_one(data, tmp_path):
-    labels = np.load(data / "labels.npy")
-    np.save(data / "fold.npy", np.asarray(_split_of(labels)))
-    with pytest.raises(
-        DataError, match=r"fold\.npy: dtype <U10 is not numeric; a view holds numbers"
-    ) as caught:
-        load(data)
-    assert str(caught.value).endswith(
-        "its values are a train/validation/test split, which fit follows when named: pass --split-column fold"
-    )
-    assert load(data, split_column="fold").split is not None
+    np.save(data / "names.npy", np.asarray(["train", "kept"] * (len(split) // 2)))  # no split either
+    assert load(data, views=["image", "text"], split_column="split").view_names == ("image", "text")
+    (data / f"split.{saved_as}").rename(data / f"fold.{saved_as}")
+    with pytest.raises(DataError, match=rf"fold\.{saved_as}: a train/validation/test split"):
+        load(data, views=["image", "text"])
 
 
 def test_a_split_column_beside_the_views_is_refused_until_named(data, tmp_path):
