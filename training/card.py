@@ -483,7 +483,9 @@ def training(report: FitReport, manifest: Manifest) -> Section:
         epochs = np.arange(1, history.epochs + 1)
         axis.plot(epochs, history.train_loss, label="training")
         if history.validation_loss:
-            axis.plot(epochs, history.validation_loss, label="validation (KL fully annealed)")
+            axis.plot(
+                history.validation_epochs, history.validation_loss, label="validation (KL fully annealed)"
+            )
             axis.axvline(history.best_epoch, color="k", linestyle=":", linewidth=1, label="kept")
         axis.set_xlabel("epoch")
         axis.set_ylabel("loss")

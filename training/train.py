@@ -93,9 +93,19 @@ class EarlyStopping:
     The validation loss is the objective with the KL term fully annealed (``sigma = 1``, Eq. 17), so that
     epochs compare; training never stops before the annealing is complete (``sigma_t`` follows the epochs
     actually run, ``min(1, t / T)``, whatever the maximum).
+
+    The validation loss is evaluated every :attr:`every` epochs and on the run's last one, not every epoch:
+    where an epoch is one optimizer step and the patience a thousand of them (small data under the default
+    :class:`Budget`), a pass over the validation samples every epoch took a quarter of the training time.
+    The heads kept are then the best of epochs at most ``patience / 50`` apart.
     """
 
     patience: int = 30
+
+    @property
+    def every(self) -> int:
+        """Epochs between evaluations of the validation loss: a fiftieth of the patience, at least 1."""
+        return max(1, self.patience // 50)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,6 +152,8 @@ class History:
     train_loss: list[float]  # mean over the epoch's samples
     validation_loss: list[float]  # empty without validation data
     epoch_seconds: list[float]  # the whole stacked run's time per epoch
+    # The epochs whose validation loss was evaluated (EarlyStopping.every), one per validation_loss entry.
+    validation_epochs: list[int] = field(default_factory=list)
     # The time limit ended the run (early stopping did not).
     timed_out: bool = False
     # The epoch cap or the time limit ended the run while the validation loss was still improving: its best
@@ -267,22 +279,23 @@ def train_members(
     optimizer = torch.optim.Adam(stacked.parameters(), lr=hp.lr, weight_decay=hp.weight_decay, fused=True)
     reporter = _reporter(progress, config.epochs)
     watch = _Watch(len(seeds), early_stopping, annealing_step=hp.annealing_step, time_limit=time_limit)
+    every = 1 if early_stopping is None else early_stopping.every
+    latest_validation = None  # the progress shows the last evaluated validation loss between evaluations
     for epoch in range(1, config.epochs + 1):
         started = time.perf_counter()
         train_loss = _train_epoch(
             stacked, batches, optimizer, epoch=epoch, methods=fusion_methods, config=config, weights=weights
         )
+        last = epoch == config.epochs or watch.ends(epoch)
         validation_loss = (
-            None
-            if validation is None
-            else _validation_loss(stacked, validation, fusion_methods, config=config, weights=weights)
+            _validation_loss(stacked, validation, fusion_methods, config=config, weights=weights)
+            if validation is not None and (epoch % every == 0 or last)
+            else None
         )
         watch.record(epoch, stacked, train_loss, validation_loss, seconds=time.perf_counter() - started)
-        reporter.epoch(
-            epoch,
-            float(np.mean(train_loss)),
-            None if validation_loss is None else float(np.mean(validation_loss)),
-        )
+        if validation_loss is not None:
+            latest_validation = float(np.mean(validation_loss))
+        reporter.epoch(epoch, float(np.mean(train_loss)), latest_validation)
         if watch.stop(epoch):
             break
     reporter.close(stopped_early=watch.stopped_early)
@@ -452,6 +465,7 @@ class _Watch:
             record.train_loss.append(train_loss[i])
             record.epoch_seconds.append(seconds)
             if validation_loss is not None:
+                record.validation_epochs.append(epoch)
                 record.validation_loss.append(validation_loss[i])
                 if self.early_stopping is not None and validation_loss[i] < self.best[i]:
                     self.best[i], self.best_epoch[i] = validation_loss[i], epoch
@@ -460,15 +474,24 @@ class _Watch:
     def stop(self, epoch: int) -> bool:
         """Whether every member has gone ``patience`` epochs without a better validation loss (never
         before the KL annealing is complete), or the time is up."""
-        self.stopped_early = (
+        self.stopped_early = self._patience_spent(epoch)
+        self.timed_out = not self.stopped_early and self._time_up()
+        return self.stopped_early or self.timed_out
+
+    def ends(self, epoch: int) -> bool:
+        """Whether the run stops after ``epoch`` unless its validation loss is a new best: its last chance
+        to be evaluated."""
+        return self._patience_spent(epoch) or self._time_up()
+
+    def _patience_spent(self, epoch: int) -> bool:
+        return (
             self.early_stopping is not None
             and epoch >= self.annealing_step
             and all(epoch - best >= self.early_stopping.patience for best in self.best_epoch)
         )
-        self.timed_out = (
-            not self.stopped_early and self.deadline is not None and time.perf_counter() >= self.deadline
-        )
-        return self.stopped_early or self.timed_out
+
+    def _time_up(self) -> bool:
+        return self.deadline is not None and time.perf_counter() >= self.deadline
 
     def still_improving(self, m: int) -> bool:
         """Whether member ``m``'s best validation loss is within its last ``patience`` epochs."""
@@ -493,6 +516,7 @@ class _Watch:
                     stopped_early=self.stopped_early,
                     train_loss=record.train_loss,
                     validation_loss=record.validation_loss,
+                    validation_epochs=record.validation_epochs,
                     epoch_seconds=record.epoch_seconds,
                     timed_out=self.timed_out,
                     still_improving=self.still_improving(i),
@@ -513,6 +537,7 @@ def _stacked_tensor(arrays: Sequence[np.ndarray], dtype) -> torch.Tensor:
 class _Record:
     train_loss: list[float] = field(default_factory=list)
     validation_loss: list[float] = field(default_factory=list)
+    validation_epochs: list[int] = field(default_factory=list)
     epoch_seconds: list[float] = field(default_factory=list)
 
 

@@ -21,7 +21,16 @@ from training.loss import (
     kl_to_uniform,
     total_loss,
 )
-from training.train import TrainConfig, _BatchedLinear, class_weights, predict_evidence, train
+from training.protocol import Samples
+from training.train import (
+    EarlyStopping,
+    TrainConfig,
+    _BatchedLinear,
+    class_weights,
+    predict_evidence,
+    train,
+    train_members,
+)
 
 
 def test_capped_exp_is_exponential_then_flat_and_never_overflows():
@@ -162,6 +171,50 @@ def test_training_learns_and_is_deterministic():
         train_views, train_labels, num_classes=3, config=TrainConfig(epochs=30, batch_size=60, seed=4)
     )
     assert not np.array_equal(evidence, predict_evidence(other, test_views))
+
+
+def _train_validated(epochs: int, patience: int, *, time_limit: float | None = None, shuffled: bool = False):
+    """One model trained on the synthetic split's training part, validated on its test part (with its
+    labels shuffled: a validation loss that soon rises)."""
+    train_views, train_labels, test_views, test_labels = _synthetic_split()
+    if shuffled:
+        test_labels = np.random.default_rng(0).permutation(test_labels)
+    validation = Samples(
+        views={str(v): x for v, x in enumerate(test_views)},
+        rows=np.arange(len(test_labels)),
+        labels=test_labels,
+    )
+    (trained,) = train_members(
+        [train_views],
+        [train_labels],
+        num_classes=3,
+        config=TrainConfig(method="dbf", epochs=epochs, batch_size=60, seed=3),
+        seeds=[3],
+        validation=[validation],
+        early_stopping=EarlyStopping(patience=patience),
+        time_limit=time_limit,
+        progress=False,
+    )
+    return trained.history
+
+
+def test_the_validation_loss_is_evaluated_every_fiftieth_of_the_patience_and_at_the_last_epoch():
+    # A validation pass every epoch was a quarter of small data's training time, where an epoch is one
+    # step and the patience a thousand: a fiftieth of the patience apart, the best epoch is as good.
+    assert [EarlyStopping(patience=p).every for p in (1, 30, 99, 100, 1000)] == [1, 1, 1, 2, 20]
+    history = _train_validated(epochs=11, patience=100)
+    assert history.validation_epochs == [2, 4, 6, 8, 10, 11]
+    assert len(history.validation_loss) == 6 and len(history.train_loss) == 11
+    assert history.best_epoch in history.validation_epochs
+
+
+def test_a_run_ending_between_evaluations_evaluates_its_last_epoch():
+    timed_out = _train_validated(epochs=100, patience=100, time_limit=0)  # the first epoch ends it
+    assert (timed_out.epochs, timed_out.timed_out, timed_out.validation_epochs) == (1, True, [1])
+    # checked every 2 epochs, a best epoch is even: a patience of 101 runs out on an odd epoch
+    stopped = _train_validated(epochs=2000, patience=101, shuffled=True)
+    assert stopped.stopped_early and stopped.best_epoch % 2 == 0
+    assert stopped.epochs == stopped.best_epoch + 101 == stopped.validation_epochs[-1]
 
 
 @pytest.mark.parametrize("seed", range(5))
