@@ -198,23 +198,23 @@ def _train_validated(epochs: int, patience: int, *, time_limit: float | None = N
     return trained.history
 
 
-def test_the_validation_loss_is_evaluated_every_fiftieth_of_the_patience_and_at_the_last_epoch():
+def test_the_validation_loss_is_evaluated_every_hundredth_of_the_patience_and_at_the_last_epoch():
     # A validation pass every epoch was a quarter of small data's training time, where an epoch is one
-    # step and the patience a thousand: a fiftieth of the patience apart, the best epoch is as good.
-    assert [EarlyStopping(patience=p).every for p in (1, 30, 99, 100, 1000)] == [1, 1, 1, 2, 20]
-    history = _train_validated(epochs=11, patience=100)
+    # step and the patience a thousand: a hundredth of the patience apart, the best epoch is as good.
+    assert [EarlyStopping(patience=p).every for p in (1, 30, 199, 200, 1000)] == [1, 1, 1, 2, 10]
+    history = _train_validated(epochs=11, patience=200)
     assert history.validation_epochs == [2, 4, 6, 8, 10, 11]
     assert len(history.validation_loss) == 6 and len(history.train_loss) == 11
     assert history.best_epoch in history.validation_epochs
 
 
 def test_a_run_ending_between_evaluations_evaluates_its_last_epoch():
-    timed_out = _train_validated(epochs=100, patience=100, time_limit=0)  # the first epoch ends it
+    timed_out = _train_validated(epochs=100, patience=200, time_limit=0)  # the first epoch ends it
     assert (timed_out.epochs, timed_out.timed_out, timed_out.validation_epochs) == (1, True, [1])
-    # checked every 2 epochs, a best epoch is even: a patience of 101 runs out on an odd epoch
-    stopped = _train_validated(epochs=2000, patience=101, shuffled=True)
+    # checked every 2 epochs, a best epoch is even: a patience of 201 runs out on an odd epoch
+    stopped = _train_validated(epochs=2000, patience=201, shuffled=True)
     assert stopped.stopped_early and stopped.best_epoch % 2 == 0
-    assert stopped.epochs == stopped.best_epoch + 101 == stopped.validation_epochs[-1]
+    assert stopped.epochs == stopped.best_epoch + 201 == stopped.validation_epochs[-1]
 
 
 @pytest.mark.parametrize("seed", range(5))
